@@ -1,0 +1,52 @@
+"""Rewards for the samples of one episode.
+
+An episode of an agent with sub-agents or compactions yields several samples but one outcome. How
+that outcome reaches the samples is a modelling choice, so it is a policy:
+
+- ``FULL`` (default): every sample gets the whole reward and the episode's ``rollout_id``, so a
+  trainer that normalizes per rollout counts the episode once.
+- ``SPLIT``: the reward is divided evenly between the samples.
+- ``FINAL_BRANCH``: only the sample holding the episode's last trained turn is kept; the tokens the
+  other samples would have trained are listed as excluded (``not_final_branch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import StrEnum
+
+from .linearize import Exclusion, Linearization
+from .reasons import LossReason
+
+
+class RewardPolicy(StrEnum):
+    FULL = "full"
+    SPLIT = "split"
+    FINAL_BRANCH = "final_branch"
+
+
+def assign_reward(
+    linearization: Linearization,
+    reward: float,
+    *,
+    rollout_id: str,
+    policy: RewardPolicy = RewardPolicy.FULL,
+) -> Linearization:
+    """Attach ``reward`` and ``rollout_id`` to the samples according to ``policy``."""
+    samples = linearization.samples
+    exclusions = list(linearization.exclusions)
+    if not samples:
+        return linearization
+    if policy is RewardPolicy.FINAL_BRANCH:
+        final = max(samples, key=lambda s: max(s.trained_turns))
+        for sample in samples:
+            if sample is not final:
+                exclusions.extend(
+                    Exclusion(s.turn, LossReason.NOT_FINAL_BRANCH, len(s))
+                    for s in sample.spans
+                    if s.trained and s.turn is not None
+                )
+        samples = (dataclasses.replace(final, index=0),)
+    share = reward / len(samples) if policy is RewardPolicy.SPLIT else reward
+    rewarded = tuple(dataclasses.replace(s, reward=share, rollout_id=rollout_id) for s in samples)
+    return Linearization(rewarded, tuple(exclusions))

@@ -1,0 +1,67 @@
+"""A session at a glance: what was generated, what is trained, and why the rest is not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .linearize import Linearization, linearize
+from .reasons import FinishReason, LossReason
+from .tree import SessionTree
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    turns: int
+    branches: int
+    samples: int
+    generated_tokens: int
+    trained_tokens: int
+    masked_tokens: dict[LossReason, int]
+    """Loss-0 tokens across all samples, by reason."""
+    excluded_tokens: dict[LossReason, int]
+    """Generated tokens no sample trains, by reason."""
+    tool_calls: int
+    malformed_tool_calls: int
+    aborted_turns: int
+    rerendered_turns: int
+    max_prompt_tokens: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "turns": self.turns,
+            "branches": self.branches,
+            "samples": self.samples,
+            "generated_tokens": self.generated_tokens,
+            "trained_tokens": self.trained_tokens,
+            "masked_tokens": {str(k): v for k, v in sorted(self.masked_tokens.items())},
+            "excluded_tokens": {str(k): v for k, v in sorted(self.excluded_tokens.items())},
+            "tool_calls": self.tool_calls,
+            "malformed_tool_calls": self.malformed_tool_calls,
+            "aborted_turns": self.aborted_turns,
+            "rerendered_turns": self.rerendered_turns,
+            "max_prompt_tokens": self.max_prompt_tokens,
+        }
+
+
+def summarize(tree: SessionTree, linearization: Linearization | None = None) -> SessionSummary:
+    """Summarize ``tree``; pass the linearization you train on to count exactly that."""
+    lin = linearization if linearization is not None else linearize(tree)
+    masked: dict[LossReason, int] = {}
+    for sample in lin.samples:
+        for reason, count in sample.masked_tokens().items():
+            masked[reason] = masked.get(reason, 0) + count
+    turns = tree.turns
+    return SessionSummary(
+        turns=len(turns),
+        branches=sum(1 for n in tree.leaves() if n.turn is not None),
+        samples=len(lin.samples),
+        generated_tokens=sum(t.output_length for t in turns),
+        trained_tokens=sum(s.trained_tokens for s in lin.samples),
+        masked_tokens=masked,
+        excluded_tokens=lin.excluded_tokens(),
+        tool_calls=sum(len(t.reply.tool_calls) for t in turns),
+        malformed_tool_calls=sum(t.meta.malformed_tool_calls for t in turns),
+        aborted_turns=sum(1 for t in turns if t.finish_reason is FinishReason.ABORT),
+        rerendered_turns=sum(1 for t in turns if t.rerendered is not None),
+        max_prompt_tokens=max((t.prompt_length for t in turns), default=0),
+    )

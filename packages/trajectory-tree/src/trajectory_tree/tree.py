@@ -1,0 +1,420 @@
+"""The per-session tree: requests routed by message, tokens stored as deltas.
+
+Nodes are messages. A request walks from a context root (one per distinct tool set and rendering
+options) matching each of its messages against a child; the engine's reply becomes a *generated*
+node holding the generation prompt and the output ids verbatim. Whatever stops matching starts a
+branch: sub-agents, compaction restarts, edited histories and retries all fall out of that one rule.
+
+Each node stores only the tokens it adds. A node whose ``delta`` is ``None`` is a routing-only step
+inside a multi-message chunk (its tokens are part of the chunk's last node), so token prefixes are
+defined only at *boundary* nodes; routing returns the deepest one. The tree is append-only: a
+:class:`Route` stays valid while other turns of the same session are recorded, which is what lets a
+main agent and its sub-agents interleave without a session lock. It is not thread-safe: use it from
+one thread (an event loop).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .bridge import BridgedPrompt, FullPrompt
+from .canonical import same_message
+from .errors import ForeignRoute, InvalidTurn
+from .messages import Message, Prompt
+from .reasons import FinishReason, LossReason
+from .turns import Completion, Turn, TurnMeta
+
+_MAX_ALIASES = 4
+
+
+class Node:
+    """One message in the tree (or a context root, whose ``message`` is ``None``)."""
+
+    __slots__ = (
+        "aliases",
+        "children",
+        "context",
+        "delta",
+        "depth",
+        "id",
+        "message",
+        "parent",
+        "spans",
+        "touched",
+        "turn",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        parent: Node | None,
+        message: Message | None,
+        delta: array[int] | None,
+        spans: tuple[tuple[LossReason, int], ...],
+    ) -> None:
+        self.id = id
+        self.parent = parent
+        self.message = message
+        self.delta = delta
+        self.spans = spans
+        self.children: list[Node] = []
+        self.touched = 0
+        self.turn: Turn | None = None
+        self.context: Prompt | None = None
+        self.aliases: list[tuple[str, ...]] = []
+        self.depth: int = 0 if parent is None else parent.depth + 1
+
+    @property
+    def is_boundary(self) -> bool:
+        """Whether the token prefix is known here (the end of a rendered chunk or a reply)."""
+        return self.delta is not None
+
+    @property
+    def generated(self) -> bool:
+        return self.turn is not None
+
+    def path(self) -> list[Node]:
+        """Nodes from the context root down to this one (iterative: trees get deep)."""
+        nodes: list[Node] = []
+        node: Node | None = self
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        return nodes
+
+    def matches(self, message: Message) -> bool:
+        own = self.message
+        if own is None:
+            return False
+        key = message.key
+        if own.key == key or key in self.aliases:
+            return True
+        if same_message(own, message):
+            if len(self.aliases) < _MAX_ALIASES:
+                self.aliases.append(key)
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        role = "root" if self.message is None else self.message.role
+        size = "-" if self.delta is None else len(self.delta)
+        return f"Node({self.id}, {role}, tokens={size}, turn={self.turn.id if self.turn else None})"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request lands: the deepest boundary node its messages reach.
+
+    The renderer renders ``new_messages`` (those after ``anchor``) onto ``prefix_ids()``; the
+    message just before them, ``previous``, decides how the template joins the two.
+    """
+
+    tree: SessionTree
+    prompt: Prompt
+    anchor: Node
+    matched: int
+    prefix_length: int
+
+    @property
+    def new_messages(self) -> Sequence[Message]:
+        return self.prompt.messages[self.matched :]
+
+    @property
+    def previous(self) -> Message | None:
+        return self.anchor.message
+
+    @property
+    def previous_generated(self) -> Turn | None:
+        """The turn whose output ends the prefix, when the prefix ends on engine output."""
+        return self.anchor.turn
+
+    @property
+    def recorded(self) -> tuple[Turn, ...]:
+        """Turns already answered for this exact prompt (a client retry), oldest first."""
+        if self.new_messages:
+            return ()
+        return tuple(c.turn for c in self.anchor.children if c.turn is not None)
+
+    def prefix_ids(self) -> array[int]:
+        """The token ids of the matched path, engine output included verbatim."""
+        return self.tree.path_ids(self.anchor)
+
+
+class SessionTree:
+    """All turns of one agent session (main agent, sub-agents, compactions, retries)."""
+
+    def __init__(self, session_id: str = "") -> None:
+        self.session_id = session_id
+        self._nodes: list[Node] = []
+        self._contexts: list[tuple[tuple[str, ...], Node]] = []
+        self._turns: list[Turn] = []
+        self._clock = 0
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> Sequence[Node]:
+        return self._nodes
+
+    @property
+    def turns(self) -> Sequence[Turn]:
+        return self._turns
+
+    @property
+    def roots(self) -> list[Node]:
+        return [node for _, node in self._contexts]
+
+    def node(self, node_id: int) -> Node:
+        return self._nodes[node_id]
+
+    def leaves(self) -> Iterator[Node]:
+        return (n for n in self._nodes if not n.children and n.parent is not None)
+
+    def path_ids(self, node: Node) -> array[int]:
+        """Concatenated deltas from the root to ``node``."""
+        ids: array[int] = array("i")
+        for step in node.path():
+            if step.delta is not None:
+                ids.extend(step.delta)
+        return ids
+
+    def prompt_ids(self, turn: Turn) -> array[int]:
+        """Exactly the ids sent to the engine for ``turn``."""
+        node = self._nodes[turn.node]
+        ids = self.path_ids(node)
+        del ids[turn.prompt_length :]
+        return ids
+
+    def output_ids(self, turn: Turn) -> array[int]:
+        """Exactly the ids the engine returned for ``turn``."""
+        delta = self._nodes[turn.node].delta
+        assert delta is not None
+        return delta[len(delta) - turn.output_length :]
+
+    def request_messages(self, turn: Turn) -> list[Message]:
+        """The conversation the client sent for ``turn`` (as routed; echoes matched canonically)."""
+        return [n.message for n in self._nodes[turn.node].path()[1:-1] if n.message is not None]
+
+    def request_context(self, turn: Turn) -> Prompt:
+        """Tools and options of ``turn``'s request."""
+        root = self._nodes[turn.node].path()[0]
+        assert root.context is not None
+        return root.context
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def route(self, prompt: Prompt) -> Route:
+        """Find the deepest boundary node ``prompt``'s messages reach.
+
+        Where several children match (a retry, a re-rendered lineage), the most recently extended
+        one wins: that is the lineage the client is continuing.
+        """
+        root = self._find_context(prompt)
+        matched = 0
+        prefix_length = 0
+        if root is None:
+            anchor = self._new_context(prompt)
+        else:
+            anchor = node = root
+            length = 0
+            for index, message in enumerate(prompt.messages):
+                child = _best_child(node, message)
+                if child is None:
+                    break
+                node = child
+                if node.delta is not None:
+                    length += len(node.delta)
+                    anchor, matched, prefix_length = node, index + 1, length
+        return Route(self, prompt, anchor, matched, prefix_length)
+
+    def _find_context(self, prompt: Prompt) -> Node | None:
+        key = prompt.context_key()
+        for existing, node in self._contexts:
+            if existing == key:
+                return node
+        return None
+
+    def _new_context(self, prompt: Prompt) -> Node:
+        root = self._add(None, None, array("i"), ())
+        root.context = Prompt((), tuple(prompt.tools), dict(prompt.options))
+        self._contexts.append((prompt.context_key(), root))
+        return root
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def record(
+        self,
+        route: Route,
+        prompt: BridgedPrompt | FullPrompt,
+        completion: Completion,
+        reply: Message,
+        meta: TurnMeta | None = None,
+    ) -> Turn:
+        """Record one model call: what was sent (``prompt``), what came back, what the client saw.
+
+        Returns the new :class:`Turn`. Raises :class:`InvalidTurn` for inconsistent input, in which
+        case the tree is unchanged.
+        """
+        if route.tree is not self:
+            raise ForeignRoute("route does not belong to this tree")
+        if reply.role != "assistant":
+            raise InvalidTurn(f"reply must be an assistant message, got {reply.role!r}")
+        try:
+            finish_reason = FinishReason(completion.finish_reason)
+        except ValueError:
+            raise InvalidTurn(f"unknown finish reason {completion.finish_reason!r}") from None
+        meta = meta or TurnMeta()
+        output = _as_ids(completion.output_ids, "output ids")
+
+        if isinstance(prompt, BridgedPrompt):
+            parent, gen_prompt, rerendered = self._attach_bridged(route, prompt)
+            prompt_length = route.prefix_length + prompt.new_length
+        else:
+            parent, gen_prompt, rerendered = self._attach_full(route, prompt)
+            prompt_length = len(prompt.ids)
+
+        delta = array("i", gen_prompt)
+        delta.extend(output)
+        spans = (
+            (LossReason.TEMPLATE_SCAFFOLD, len(gen_prompt)),
+            (LossReason.GENERATED, len(output)),
+        )
+        node = self._add(parent, reply, delta, spans)
+        turn = Turn(
+            id=len(self._turns),
+            node=node.id,
+            prompt_length=prompt_length,
+            output_length=len(output),
+            reply=reply,
+            output_logprobs=array("d", completion.output_logprobs),
+            finish_reason=finish_reason,
+            weight_version=completion.weight_version,
+            meta=meta,
+            rerendered=rerendered,
+        )
+        node.turn = turn
+        self._turns.append(turn)
+        self._touch(node)
+        return turn
+
+    def _attach_bridged(
+        self, route: Route, prompt: BridgedPrompt
+    ) -> tuple[Node, array[int], str | None]:
+        new = route.new_messages
+        gen_prompt = _as_ids(prompt.generation_prompt, "generation prompt")
+        delta: array[int] = array("i")
+        spans: list[tuple[LossReason, int]] = []
+        for segment in prompt.segments:
+            ids = _as_ids(segment.ids, f"{segment.reason} segment")
+            delta.extend(ids)
+            if ids:
+                spans.append((segment.reason, len(ids)))
+        if not new and delta:
+            raise InvalidTurn("segments given but the route has no new messages to attach them to")
+        parent = self._attach_chunk(route.anchor, new, delta, tuple(spans)) if new else route.anchor
+        return parent, gen_prompt, None
+
+    def _attach_full(self, route: Route, prompt: FullPrompt) -> tuple[Node, array[int], str | None]:
+        ids = _as_ids(prompt.ids, "prompt ids")
+        split = len(ids) - prompt.generation_prompt_length
+        history, gen_prompt = ids[:split], ids[split:]
+        messages = route.prompt.messages
+        if not messages:
+            raise InvalidTurn("a prompt needs at least one message")
+        prefix = route.prefix_ids()
+        if len(prefix) <= split and history[: len(prefix)] == prefix and route.new_messages:
+            rest = history[len(prefix) :]
+            spans = ((LossReason.CONTEXT, len(rest)),) if rest else ()
+            return (
+                self._attach_chunk(route.anchor, route.new_messages, rest, spans),
+                gen_prompt,
+                None,
+            )
+        if not route.new_messages and history == prefix:
+            return route.anchor, gen_prompt, None
+        root = route.anchor.path()[0]
+        spans = ((LossReason.RERENDERED_HISTORY, len(history)),) if history else ()
+        parent = self._attach_chunk(root, messages, history, spans, reuse=False)
+        return parent, gen_prompt, prompt.reason or "prompt ids do not extend the path's tokens"
+
+    def _attach_chunk(
+        self,
+        at: Node,
+        messages: Sequence[Message],
+        delta: array[int],
+        spans: tuple[tuple[LossReason, int], ...],
+        *,
+        reuse: bool = True,
+    ) -> Node:
+        """Add ``messages`` under ``at``; the last one holds the chunk's tokens.
+
+        Routing-only nodes that another turn created concurrently for the same messages are
+        reused; a boundary node is reused only when its tokens are the same, otherwise the chunk
+        becomes a sibling lineage.
+        """
+        node = at
+        last = len(messages) - 1
+        for index, message in enumerate(messages):
+            found = None
+            if reuse:
+                for child in node.children:
+                    if child.turn is not None or not child.matches(message):
+                        continue
+                    if (index < last and child.delta is None) or (
+                        index == last and child.delta == delta and child.spans == spans
+                    ):
+                        found = child
+            if found is None:
+                if index < last:
+                    found = self._add(node, message, None, ())
+                else:
+                    found = self._add(node, message, delta, spans)
+                reuse = False
+            node = found
+        return node
+
+    def _add(
+        self,
+        parent: Node | None,
+        message: Message | None,
+        delta: array[int] | None,
+        spans: tuple[tuple[LossReason, int], ...],
+    ) -> Node:
+        node = Node(len(self._nodes), parent, message, delta, spans)
+        if parent is not None:
+            parent.children.append(node)
+        self._nodes.append(node)
+        return node
+
+    def _touch(self, node: Node) -> None:
+        self._clock += 1
+        step: Node | None = node
+        while step is not None:
+            step.touched = self._clock
+            step = step.parent
+
+
+def _best_child(node: Node, message: Message) -> Node | None:
+    children = node.children
+    if len(children) == 1:
+        child = children[0]
+        return child if child.matches(message) else None
+    best: Node | None = None
+    for child in children:
+        if child.matches(message) and (best is None or child.touched > best.touched):
+            best = child
+    return best
+
+
+def _as_ids(values: Sequence[int], what: str) -> array[int]:
+    """Token ids as a compact int32 array, rejecting anything that is not a valid id."""
+    try:
+        ids = values if isinstance(values, array) and values.typecode == "i" else array("i", values)
+    except (TypeError, OverflowError) as exc:
+        raise InvalidTurn(f"{what}: token ids must be int32 integers ({exc})") from None
+    if ids and min(ids) < 0:
+        raise InvalidTurn(f"{what}: negative token id {min(ids)}")
+    return ids

@@ -1,0 +1,71 @@
+"""What one model call produced, as the engine returned it and the client received it."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import InvalidTurn
+from .messages import Message
+from .reasons import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The engine's answer: output ids and their logprobs exactly as generated."""
+
+    output_ids: Sequence[int]
+    output_logprobs: Sequence[float]
+    finish_reason: FinishReason
+    weight_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.output_ids) != len(self.output_logprobs):
+            raise InvalidTurn(
+                f"{len(self.output_ids)} output ids but {len(self.output_logprobs)} logprobs"
+            )
+        for lp in self.output_logprobs:
+            if math.isnan(lp) or lp > 0.0:
+                raise InvalidTurn(f"logprob {lp!r} is not a log-probability")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMeta:
+    """Request metadata worth keeping next to the tokens.
+
+    ``side_request`` marks calls that are not the policy's work (a session title, say): their
+    output is kept for audit and never trained. ``agent_id`` tells sub-agents apart.
+    """
+
+    request_id: str = ""
+    retry_count: int = 0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    agent_id: str | None = None
+    side_request: bool = False
+    malformed_tool_calls: int = 0
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One recorded model call.
+
+    The prompt ids are the token path of ``node``'s parent plus the generation prompt, and the
+    output ids are the tail of ``node``'s delta: both are read back from the tree
+    (:meth:`SessionTree.prompt_ids`, :meth:`SessionTree.output_ids`), never stored twice.
+    """
+
+    id: int
+    node: int
+    prompt_length: int
+    output_length: int
+    reply: Message
+    output_logprobs: array[float]
+    finish_reason: FinishReason
+    weight_version: str | None
+    meta: TurnMeta
+    rerendered: str | None = None
+    """Why this turn's prompt did not extend its path's tokens, if it did not."""
