@@ -1,0 +1,300 @@
+"""The :class:`Engine` over SGLang's native HTTP API, with one pooled aiohttp session.
+
+Failure mapping (each raises :class:`AdapterError`):
+
+- cannot connect (refused, unreachable, connect timeout) -> ``OVERLOADED``: nothing reached the
+  engine, so the client may simply retry later (it is down, restarting or saturated);
+- connection reset or dropped after the request was sent -> ``ENGINE_ERROR``;
+- ``request_timeout`` or ``stream_idle_timeout`` passed -> ``TIMEOUT``;
+- an HTTP error status -> see :func:`wire.error_for_status` (4xx ``INVALID_REQUEST`` or
+  ``CONTEXT_LENGTH``, 5xx ``ENGINE_ERROR``, 429/503 busy);
+- a response we cannot vouch for token by token -> ``ENGINE_ERROR``.
+
+Whenever a generation may still be running on the engine when a call ends abnormally (timeout,
+dropped connection, malformed stream, the caller's task cancelled, a stream left early), its rid is
+sent to ``/abort_request``: shielded from further cancellation, bounded by ``abort_timeout``,
+failures logged and swallowed. An orphaned generation keeps a GPU slot busy and can crash SGLang
+when the trainer takes the memory back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from types import TracebackType
+from typing import Self, TypeVar
+
+import aiohttp
+
+from protocol_adapters.types import AdapterError, ErrorKind
+
+from .config import SGLangConfig
+from .sse import SSEParser
+from .types import GenerateChunk, GenerateRequest, GenerateResult
+from .wire import StreamDecoder, error_for_status, malformed, parse_result, request_body
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_JSON = {"Content-Type": "application/json"}
+
+
+class _Expired(Exception):
+    """One of our own deadlines passed (never aiohttp's connect timeout)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class SGLangEngine:
+    """Talks to one SGLang server or gateway at ``config.base_url``.
+
+    Use as ``async with SGLangEngine(config) as engine:`` or call :meth:`aclose` at the end: the
+    engine owns its connection pool, which every call shares (a new client per turn would pay a
+    TCP handshake each time and defeat keep-alive).
+    """
+
+    def __init__(self, config: SGLangConfig) -> None:
+        self.config = config
+        self._session: aiohttp.ClientSession | None = None
+        self._pending_aborts: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        self._client()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Let in-flight aborts finish (each is bounded), then close the pool."""
+        self._closed = True
+        if self._pending_aborts:
+            await asyncio.gather(*self._pending_aborts, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- Engine --------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        session = self._client()
+        deadline = self._deadline()
+        over = False  # True once the engine is known not to be generating for this rid
+        try:
+            async with await self._within(
+                session.post(
+                    self.config.url("/generate"),
+                    data=_encode(request_body(request, stream=False)),
+                    headers=self._headers(request),
+                ),
+                deadline,
+            ) as response:
+                body = await self._within(response.read(), deadline)
+            over = True
+            if response.status != 200:
+                raise error_for_status(response.status, _text(body), request.rid)
+            try:
+                payload = json.loads(body)
+            except ValueError as exc:
+                raise malformed(
+                    request.rid, f"body is not JSON ({exc}): {_text(body)[:200]!r}"
+                ) from None
+            return parse_result(payload, request)
+        except aiohttp.ClientConnectorError as exc:
+            over = True
+            raise self._unreachable(request, exc) from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            over = True
+            raise self._unreachable(request, exc) from exc
+        except _Expired as exc:
+            raise self._timed_out(request, exc.what) from None
+        except aiohttp.ClientError as exc:
+            raise self._dropped(request, exc) from exc
+        finally:
+            if not over:
+                await self._abort_quietly(request.rid)
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        session = self._client()
+        deadline = self._deadline()
+        idle = self.config.stream_idle_timeout
+        decoder = StreamDecoder(request)
+        parser = SSEParser()
+        over = False
+        try:
+            response = await self._within(
+                session.post(
+                    self.config.url("/generate"),
+                    data=_encode(request_body(request, stream=True)),
+                    headers={**self._headers(request), "Accept": "text/event-stream"},
+                ),
+                deadline,
+                idle,
+            )
+            try:
+                if response.status != 200:
+                    body = await self._within(response.read(), deadline)
+                    over = True
+                    raise error_for_status(response.status, _text(body), request.rid)
+                done = False
+                while not done:
+                    data = await self._within(response.content.readany(), deadline, idle)
+                    if not data:
+                        break
+                    try:
+                        events = parser.feed(data)
+                    except ValueError as exc:
+                        raise malformed(request.rid, f"stream is not UTF-8 text: {exc}") from None
+                    for event in events:
+                        if event.strip() == "[DONE]":
+                            done = True
+                            break
+                        chunk = decoder.feed(_json_event(event, request.rid))
+                        over = decoder.finished
+                        yield chunk
+                if not decoder.finished:
+                    ending = "[DONE]" if done else "end of stream"
+                    raise malformed(
+                        request.rid,
+                        f"{ending} after {decoder.tokens_seen} tokens without a finish reason",
+                    )
+            finally:
+                response.close()
+        except aiohttp.ClientConnectorError as exc:
+            over = True
+            raise self._unreachable(request, exc) from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            over = True
+            raise self._unreachable(request, exc) from exc
+        except _Expired as exc:
+            raise self._timed_out(request, exc.what) from None
+        except aiohttp.ClientError as exc:
+            raise self._dropped(request, exc) from exc
+        finally:
+            if not over:
+                await self._abort_quietly(request.rid)
+
+    async def abort(self, rid: str) -> None:
+        """Ask the engine to stop ``rid``; raises ``AdapterError`` if the engine can't be told."""
+        session = self._client()
+        try:
+            async with asyncio.timeout(self.config.abort_timeout):
+                async with session.post(
+                    self.config.url("/abort_request"), data=_encode({"rid": rid}), headers=_JSON
+                ) as response:
+                    body = await response.read()
+        except TimeoutError as exc:
+            raise AdapterError(
+                ErrorKind.TIMEOUT,
+                f"abort of {rid} not acknowledged within {self.config.abort_timeout}s",
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise AdapterError(ErrorKind.ENGINE_ERROR, f"abort of {rid} failed: {exc}") from exc
+        if response.status != 200:
+            raise error_for_status(response.status, _text(body), rid)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("SGLangEngine is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
+            )
+        return self._session
+
+    def _headers(self, request: GenerateRequest) -> dict[str, str]:
+        if request.routing_key is None:
+            return _JSON
+        return {**_JSON, self.config.routing_header: request.routing_key}
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.config.request_timeout
+
+    async def _within(
+        self, awaitable: Awaitable[T], deadline: float, idle: float | None = None
+    ) -> T:
+        """Await one step under the request deadline and, for stream reads, the idle limit.
+
+        Each step gets its own timeout scope so no scope ever spans a ``yield`` of the stream
+        (a scope left open across a yield would cancel whatever the consumer is doing).
+        """
+        remaining = deadline - asyncio.get_running_loop().time()
+        idle_binds = idle is not None and idle < remaining
+        limit = idle if idle is not None and idle_binds else remaining
+        scope = asyncio.timeout(max(limit, 0.0))
+        try:
+            async with scope:
+                return await awaitable
+        except TimeoutError:
+            if not scope.expired():
+                raise  # aiohttp's own (connect) timeout
+            raise _Expired(
+                f"no data for {idle}s (stream idle timeout)"
+                if idle_binds
+                else f"no complete answer within {self.config.request_timeout}s (request timeout)"
+            ) from None
+
+    def _unreachable(self, request: GenerateRequest, exc: Exception) -> AdapterError:
+        return AdapterError(
+            ErrorKind.OVERLOADED,
+            f"engine at {self.config.base_url} unreachable for {request.rid}: {exc}",
+        )
+
+    def _timed_out(self, request: GenerateRequest, what: str) -> AdapterError:
+        return AdapterError(ErrorKind.TIMEOUT, f"engine timed out on {request.rid}: {what}")
+
+    def _dropped(self, request: GenerateRequest, exc: Exception) -> AdapterError:
+        detail = str(exc) or type(exc).__name__
+        return AdapterError(
+            ErrorKind.ENGINE_ERROR, f"connection to the engine lost during {request.rid}: {detail}"
+        )
+
+    async def _abort_quietly(self, rid: str) -> None:
+        """Best-effort abort that survives a second cancellation of the caller."""
+        if self._session is None or self._session.closed:
+            return
+        task = asyncio.ensure_future(self._send_abort(self._session, rid))
+        self._pending_aborts.add(task)
+        task.add_done_callback(self._pending_aborts.discard)
+        await asyncio.shield(task)
+
+    async def _send_abort(self, session: aiohttp.ClientSession, rid: str) -> None:
+        try:
+            async with asyncio.timeout(self.config.abort_timeout):
+                async with session.post(
+                    self.config.url("/abort_request"), data=_encode({"rid": rid}), headers=_JSON
+                ) as response:
+                    await response.read()
+            if response.status != 200:
+                logger.warning("abort of %s answered HTTP %d", rid, response.status)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            logger.warning("abort of %s failed: %r", rid, exc)
+
+
+def _encode(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")
+
+
+def _json_event(event: str, rid: str) -> object:
+    try:
+        return json.loads(event)
+    except ValueError as exc:
+        raise malformed(rid, f"stream event is not JSON ({exc}): {event[:200]!r}") from None

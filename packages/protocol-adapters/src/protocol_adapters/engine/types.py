@@ -1,0 +1,126 @@
+"""What we ask an engine for and what it gives back, independent of any wire format.
+
+Output ids and logprobs are the engine's, in generation order; nothing here is ever derived from
+text. A result converts to a :class:`trajectory_tree.Completion` for recording.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from trajectory_tree import Completion, FinishReason
+
+
+def new_rid() -> str:
+    """A fresh request id: one per engine call, so an abort can only ever hit that call."""
+    return f"pa-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one reply.
+
+    ``top_k = -1`` means no top-k cut (SGLang's convention). ``stop`` strings and
+    ``stop_token_ids`` end generation; the stop token itself is always kept in the output so the
+    recorded ids are exactly what was sampled.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        stop: object = self.stop  # a bare string would silently become one stop per character
+        if not isinstance(stop, tuple):
+            raise ValueError(f"stop must be a tuple of strings, got {type(stop).__name__}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative ints: {self.stop_token_ids!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One generation from prompt token ids.
+
+    ``routing_key`` keeps a session on one engine replica (prefix-cache reuse); ``rid`` identifies
+    this call to the engine and is what an abort names.
+    """
+
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    routing_key: str | None = None
+    rid: str = field(default_factory=new_rid)
+
+    def __post_init__(self) -> None:
+        if not self.input_ids:
+            raise ValueError("input_ids must not be empty")
+        for i, t in enumerate(self.input_ids):
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"input_ids[{i}] = {t!r} is not a token id")
+        if not self.rid:
+            raise ValueError("rid must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateChunk:
+    """A piece of a streamed generation: only the tokens that are new since the previous chunk.
+
+    ``completion_tokens`` counts all tokens generated so far. The last chunk carries
+    ``finish_reason``; every earlier chunk has ``None`` there.
+    """
+
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    completion_tokens: int
+    prompt_tokens: int
+    finish_reason: FinishReason | None = None
+    matched_stop: int | str | None = None
+    weight_version: str | None = None
+    abort_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """A finished generation.
+
+    ``matched_stop`` is the stop token id or stop string that ended it (``None`` for the model's
+    own end-of-sequence token reported without detail, for length and for abort).
+    ``abort_message`` is the engine's reason when ``finish_reason`` is ``ABORT``.
+    """
+
+    rid: str
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    matched_stop: int | str | None = None
+    weight_version: str | None = None
+    abort_message: str | None = None
+
+    def to_completion(self) -> Completion:
+        return Completion(
+            output_ids=self.output_ids,
+            output_logprobs=self.output_logprobs,
+            finish_reason=self.finish_reason,
+            weight_version=self.weight_version,
+        )
