@@ -23,7 +23,8 @@ class LengthMode(StrEnum):
     TRUNCATE = "truncate"
     """Keep the first ``max_tokens`` tokens; generated tokens past them are excluded."""
     DROP = "drop"
-    """Drop the whole sample; the generated tokens it would have trained are excluded."""
+    """Drop the whole sample; the generated tokens it would have trained are excluded, unless a
+    shorter branch through the same turns fits and trains them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,7 @@ def linearize(tree: SessionTree, *, limit: LengthLimit | None = None) -> Lineari
     leaves.sort(key=lambda n: (_turn_id(n) in excluded, _turn_id(n)))
 
     claimed: set[int] = set()
+    dropped: dict[int, Exclusion] = {}  # by turn: over-length output no kept sample trained yet
     samples: list[Sample] = []
     exclusions = [
         Exclusion(turn.id, excluded[turn.id], turn.output_length)
@@ -160,14 +162,20 @@ def linearize(tree: SessionTree, *, limit: LengthLimit | None = None) -> Lineari
         if not owned:
             continue
         sample = _build(tree, len(samples), path, set(owned), excluded, _turn_id(leaf))
-        claimed.update(owned)
         if limit is not None and len(sample.tokens) > limit.max_tokens:
             kept, lost = _apply_limit(sample, limit)
+            if kept is None and limit.mode is LengthMode.DROP:
+                # Left unclaimed: a shorter branch through the same turns may still train them.
+                dropped.update((ex.turn, ex) for ex in lost)
+                continue
+            claimed.update(owned)
             exclusions.extend(lost)
             if kept is None:
                 continue
             sample = kept
+        claimed.update(owned)
         samples.append(sample)
+    exclusions.extend(ex for ex in dropped.values() if tree.turns[ex.turn].node not in claimed)
     return Linearization(tuple(samples), tuple(exclusions))
 
 
