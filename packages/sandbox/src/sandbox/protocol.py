@@ -1,0 +1,113 @@
+"""The contract every backend implements: an async, E2B-shaped sandbox.
+
+Commands run with `bash -lc` semantics (a login shell, like E2B's envd), so a caller writes
+shell, not argv. Output of detached processes goes to host files so a long agent run never
+sits in memory and survives a crash of the caller's bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from sandbox.result import ExecResult
+from sandbox.spec import SandboxSpec
+
+
+@runtime_checkable
+class Process(Protocol):
+    """A command started detached with `Sandbox.start`."""
+
+    @property
+    def stdout_path(self) -> Path:
+        """Host file receiving the process's stdout as it is written."""
+        ...
+
+    @property
+    def stderr_path(self) -> Path:
+        """Host file receiving the process's stderr as it is written."""
+        ...
+
+    async def wait(self, timeout: float | None = None) -> ExecResult:
+        """Wait for the process to exit; at `timeout` seconds kill it (`timed_out=True`)."""
+        ...
+
+    async def kill(self) -> None:
+        """Kill the process and its process group; idempotent."""
+        ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated machine for one episode. Use as `async with`; `close()` kills everything."""
+
+    @property
+    def workspace(self) -> str:
+        """Absolute path of the workspace as seen by commands inside the sandbox."""
+        ...
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """URL under which the spec's forwarded endpoint is reachable inside, if any."""
+        ...
+
+    @property
+    def isolated(self) -> bool:
+        """False when the backend fell back to running commands directly on the host."""
+        ...
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run `cmd` with `bash -lc` and wait; at `timeout` kill its process group."""
+        ...
+
+    async def start(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Process:
+        """Start `cmd` with `bash -lc` detached; output is captured to host files."""
+        ...
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a file inside the sandbox; raises SandboxFileNotFoundError if it is missing."""
+        ...
+
+    async def read_text(self, path: str) -> str:
+        """`read_file` decoded as UTF-8 (strict: a decoding error is raised, never hidden)."""
+        ...
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file inside the sandbox, creating parent directories."""
+        ...
+
+    async def close(self) -> None:
+        """Kill every process of the sandbox (detached ones too) and release it; idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class SandboxBackend(Protocol):
+    """A factory of sandboxes of one kind (local bubblewrap, E2B)."""
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Create and boot a sandbox described by `spec`."""
+        ...

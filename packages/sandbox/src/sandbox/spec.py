@@ -1,0 +1,112 @@
+"""What a sandbox should look like, as typed data every backend understands."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyWorkspace:
+    """Start with an empty workspace directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryWorkspace:
+    """Start with a copy of a host directory (symlinks preserved, never followed)."""
+
+    source: Path
+
+
+@dataclass(frozen=True, slots=True)
+class GitWorkspace:
+    """Start with a checkout of `commit` from the local repository `repo` (see workspace.py).
+
+    The checkout shares the source's object store read-only, so creating it is cheap and the
+    agent can neither read nor corrupt anything of the source beyond its objects.
+    """
+
+    repo: Path
+    commit: str
+
+
+WorkspaceSource = EmptyWorkspace | DirectoryWorkspace | GitWorkspace
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardedEndpoint:
+    """A host TCP endpoint (the protocol adapter) made reachable from inside the sandbox.
+
+    Inside, it is `http://127.0.0.1:<sandbox_port>` (`Sandbox.endpoint_url` says exactly);
+    nothing else on the host network is reachable.
+    """
+
+    host: str
+    port: int
+    sandbox_port: int | None = None
+
+    def __post_init__(self) -> None:
+        for value in (self.port, self.sandbox_port):
+            if value is not None and not 0 < value < 65536:
+                raise ValueError(f"invalid TCP port: {value}")
+
+    @property
+    def inside_port(self) -> int:
+        return self.sandbox_port if self.sandbox_port is not None else self.port
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyBind:
+    """A host path mounted read-only inside the sandbox (an npm install, a package cache)."""
+
+    host_path: Path
+    sandbox_path: PurePosixPath
+
+    def __post_init__(self) -> None:
+        if not self.sandbox_path.is_absolute():
+            raise ValueError(f"sandbox_path must be absolute: {self.sandbox_path}")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """Limits that cost nothing to enforce (rlimits, tmpfs size); None means unlimited.
+
+    Memory is limited per process (address space), not per sandbox: node and Bun reserve
+    large virtual ranges, so leave it unset for agent CLIs.
+    """
+
+    max_open_files: int | None = None
+    max_file_size_bytes: int | None = None
+    max_address_space_bytes: int | None = None
+    tmp_size_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """Everything a backend needs to create one sandbox.
+
+    `env` is the base environment of every command (per-command `env` is layered on top).
+    `network=None` means no network at all.
+    """
+
+    workspace: WorkspaceSource = field(default_factory=EmptyWorkspace)
+    env: Mapping[str, str] = field(default_factory=dict)
+    network: ForwardedEndpoint | None = None
+    read_only_binds: tuple[ReadOnlyBind, ...] = ()
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+
+    def __post_init__(self) -> None:
+        validate_env(self.env)
+        # A private read-only copy: a caller mutating its dict later cannot change the spec.
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+
+def validate_env(env: Mapping[str, str]) -> None:
+    """Reject names and values the kernel cannot pass to a process."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"invalid environment variable name: {key!r}")
+        if "\0" in value:
+            raise ValueError(f"environment variable {key} contains a NUL byte")
