@@ -103,3 +103,9 @@ def test_accounting_adds_up_at_any_limit(mode: LengthMode, fraction: float) -> N
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         LengthLimit(0)
+
+
+def test_mode_names_are_accepted_and_unknown_ones_refused() -> None:
+    assert LengthLimit(5, "drop").mode is LengthMode.DROP  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cut"):
+        LengthLimit(5, "cut")  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ class LengthLimit:
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
             raise ValueError("max_tokens must be positive")
+        object.__setattr__(self, "mode", LengthMode(self.mode))  # a plain "drop" means DROP
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ def assign_reward(
     policy: RewardPolicy = RewardPolicy.FULL,
 ) -> Linearization:
     """Attach ``reward`` and ``rollout_id`` to the samples according to ``policy``."""
+    policy = RewardPolicy(policy)  # a plain "split" must not silently mean FULL
     samples = linearization.samples
     exclusions = list(linearization.exclusions)
     if not samples:
