@@ -1,11 +1,10 @@
-"""Diff capture round-trips every kind of change onto a fresh checkout (real git, real sandboxes)."""
+"""Diff capture round-trips every kind of change onto a fresh checkout (real git, sandboxes)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
 from sandbox.errors import SandboxCommandError
 from sandbox.git_diff import UnsafePatchError, apply_diff, capture_diff, check_patch_paths
 from sandbox.local import LocalBackend
@@ -24,7 +23,8 @@ rm gone.txt
 git mv -q old_name.txt new_name.txt 2>/dev/null || mv old_name.txt new_name.txt
 chmod +x script.sh
 head -c 3000 /dev/urandom > new.bin
-printf 'fresh\n' > 'dir with space/new.txt' 2>/dev/null || { mkdir 'dir with space'; printf 'fresh\n' > 'dir with space/new.txt'; }
+mkdir 'dir with space'
+printf 'fresh\n' > 'dir with space/new.txt'
 ln -s keep.py link.py
 mkdir -p pkg/__pycache__ node_modules/dep .pytest_cache
 echo junk > pkg/__pycache__/m.cpython-311.pyc
