@@ -1,0 +1,497 @@
+"""A test and demo double of an SGLang server. It is NOT an inference engine.
+
+It runs no model. It answers SGLang's native ``POST /generate`` (streaming and not),
+``POST /abort_request``, ``GET /health`` and ``GET /get_model_info`` over real HTTP, in the wire
+format written down in ``docs/sglang-wire.md``, with replies taken from a script: each
+:class:`ScriptedReply` is written out in Qwen3's output format and encoded with the real
+tokenizer it is given, and every token gets the logprob the test chose. So the ids, counts and
+finish reasons on the wire are exactly what an SGLang engine serving a Qwen3 model would send for
+that reply, and a client can be tested against them byte for byte.
+
+It records every request (ids, sampling parameters, rid, headers), every abort and every TCP
+connection, and can inject faults: latency, per-chunk delay, hanging until aborted, HTTP errors
+with SGLang's error body, malformed bodies and dropped connections.
+
+    async with EngineDouble(tokenizer, [ScriptedReply(text="hi")]) as engine:
+        ...  # engine.url is http://127.0.0.1:<port>
+
+Not simulated: stop strings and ``stop_token_ids`` (only ``max_new_tokens`` cuts a reply),
+sampling itself (temperature etc. are recorded, not applied), batch requests, text prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import TracebackType
+from typing import Self, TypeAlias
+
+from aiohttp import web
+
+from .scripted import Qwen3ReplyEncoder, ScriptedReply, Tokenizer
+
+Script: TypeAlias = Sequence[ScriptedReply] | Callable[[Sequence[int]], ScriptedReply]
+"""Replies in order of arrival, or a function of each request's input ids."""
+
+Logprob: TypeAlias = float | Callable[[int, int], float]
+"""One logprob for every token, or a function of (position in the output, token id)."""
+
+
+class Malformation(StrEnum):
+    """Ways to break a ``/generate`` answer that a client must catch."""
+
+    NOT_JSON = "not_json"
+    MISSING_LOGPROBS = "missing_logprobs"
+    COUNT_MISMATCH = "count_mismatch"
+    NULL_LOGPROB = "null_logprob"  # what SGLang's JSON encoder writes for NaN / inf
+    BAD_TOKEN_ID = "bad_token_id"
+    WRONG_RID = "wrong_rid"
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Faults applied to every ``/generate`` while set (assign ``double.faults`` to change).
+
+    - ``latency``: seconds before the answer (non-streaming) or the first chunk.
+    - ``chunk_delay``: seconds between streamed chunks.
+    - ``hang``: produce nothing until ``/abort_request`` names the rid (then finish as aborted),
+      or the client goes away.
+    - ``http_status``: answer with this status and SGLang's ``{"error": {"message": …}}`` body.
+    - ``malformed``: corrupt the answer (non-streaming) or the first chunk.
+    - ``drop_after_chunks``: close the TCP connection after this many chunks (0: before any
+      byte of the answer; also applies to non-streaming answers, which have no chunks).
+    """
+
+    latency: float = 0.0
+    chunk_delay: float = 0.0
+    hang: bool = False
+    http_status: int | None = None
+    error_message: str = "engine double: injected failure"
+    malformed: Malformation | None = None
+    drop_after_chunks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedRequest:
+    """One ``/generate`` call as it arrived. Header names are lower-cased."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling_params: Mapping[str, object]
+    stream: bool
+    return_logprob: bool
+    headers: Mapping[str, str]
+    body: Mapping[str, object]
+
+
+@dataclass(slots=True)
+class _Generation:
+    rid: str
+    ids: list[int]
+    logprobs: list[float]
+    finish: dict[str, object]
+    prompt_tokens: int
+    return_logprob: bool
+    skip_special_tokens: bool
+    started: float = field(default_factory=time.monotonic)
+
+
+class _Refusal(Exception):
+    """A request SGLang would refuse with a 400 (or, when streaming, an SSE error event)."""
+
+
+class EngineDouble:
+    """An in-process HTTP server on 127.0.0.1 speaking SGLang's ``/generate`` wire format."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        script: Script,
+        *,
+        logprob: Logprob = -0.125,
+        faults: Faults | None = None,
+        incremental_streaming: bool = False,
+        tokens_per_chunk: int = 1,
+        context_length: int = 32768,
+        weight_version: str | None = "default",
+        model_path: str = "engine-double/qwen3",
+    ) -> None:
+        if tokens_per_chunk < 1:
+            raise ValueError("tokens_per_chunk must be >= 1")
+        self.encoder = Qwen3ReplyEncoder(tokenizer)
+        self.tokenizer = tokenizer
+        self.script = script
+        self.logprob = logprob
+        self.faults = faults or Faults()
+        self.incremental_streaming = incremental_streaming
+        self.tokens_per_chunk = tokens_per_chunk
+        self.context_length = context_length
+        self.weight_version = weight_version
+        self.model_path = model_path
+        self.requests: list[ReceivedRequest] = []
+        self.aborts: list[str] = []
+        self.disconnects: list[str] = []
+        self.peers: set[tuple[str, int]] = set()
+        self._served = 0
+        self._abort_events: dict[str, asyncio.Event] = {}
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("EngineDouble is not running (use `async with`)")
+        return self._url
+
+    @property
+    def connection_count(self) -> int:
+        """Distinct client TCP connections seen so far (by peer address)."""
+        return len(self.peers)
+
+    async def start(self) -> str:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_put("/generate", self._generate)
+        app.router.add_post("/abort_request", self._abort)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/get_model_info", self._model_info)
+        # handler_cancellation: a client that goes away cancels its handler, as in SGLang.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self._runner = runner
+        host, port = runner.addresses[0][:2]
+        self._url = f"http://{host}:{port}"
+        return self._url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            self._url = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def reply_ids(self, reply: ScriptedReply) -> list[int]:
+        """The ids the double generates for ``reply`` (before any ``max_new_tokens`` cut)."""
+        return self.encoder.encode(reply)
+
+    def logprob_at(self, position: int, token_id: int) -> float:
+        if callable(self.logprob):
+            return float(self.logprob(position, token_id))
+        return float(self.logprob)
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        self._saw(request)
+        return web.Response(status=200)
+
+    async def _model_info(self, request: web.Request) -> web.StreamResponse:
+        self._saw(request)
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "is_generation": True,
+                "weight_version": self.weight_version,
+            }
+        )
+
+    async def _abort(self, request: web.Request) -> web.StreamResponse:
+        self._saw(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "abort_request body is not JSON")
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if not isinstance(rid, str):
+            return _error(400, "abort_request needs a string rid")
+        self.aborts.append(rid)
+        self._abort_event(rid).set()
+        return web.Response(status=200)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self._saw(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        stream = bool(body.get("stream", False))
+        try:
+            received = self._receive(body, request)
+        except _Refusal as refusal:
+            return _error(400, str(refusal))
+        self.requests.append(received)
+        faults = self.faults
+        if faults.drop_after_chunks == 0 or (faults.drop_after_chunks and not stream):
+            _drop(request)
+            return web.Response(status=200)
+        if faults.http_status is not None:
+            return _error(faults.http_status, faults.error_message)
+        try:
+            generation = self._generation(received)
+        except _Refusal as refusal:
+            if stream:  # SGLang reports these inside an SSE stream that already said 200
+                return await self._stream_error(request, str(refusal))
+            return _error(400, str(refusal))
+        try:
+            if stream:
+                return await self._stream(request, generation, faults)
+            return await self._answer(generation, faults)
+        except asyncio.CancelledError:
+            self.disconnects.append(received.rid)
+            raise
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _receive(self, body: Mapping[str, object], request: web.Request) -> ReceivedRequest:
+        if "text" in body and body.get("input_ids") is None:
+            raise _Refusal("this engine double accepts input_ids only, not text")
+        input_ids = body.get("input_ids")
+        if (
+            not isinstance(input_ids, list)
+            or not input_ids
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids)
+        ):
+            raise _Refusal("input_ids must be a non-empty list of token ids")
+        sampling = body.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise _Refusal("sampling_params must be an object")
+        rid = body.get("rid")
+        if rid is None:
+            rid = uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise _Refusal("rid must be a string")
+        return ReceivedRequest(
+            rid=rid,
+            input_ids=tuple(input_ids),
+            sampling_params=dict(sampling),
+            stream=bool(body.get("stream", False)),
+            return_logprob=bool(body.get("return_logprob", False)),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=dict(body),
+        )
+
+    def _generation(self, received: ReceivedRequest) -> _Generation:
+        prompt = len(received.input_ids)
+        if prompt >= self.context_length:
+            raise _Refusal(
+                f"The input ({prompt} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+        max_new = received.sampling_params.get("max_new_tokens")
+        if max_new is None:
+            max_new = self.context_length - prompt
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
+            raise _Refusal(f"max_new_tokens must be a non-negative int, got {max_new!r}")
+        if prompt + max_new > self.context_length:
+            raise _Refusal(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens. You requested a total of {prompt + max_new} "
+                f"tokens: {prompt} tokens from the input messages and {max_new} tokens for the "
+                "completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
+            )
+        reply = self._next_reply(received.input_ids)
+        ids = self.encoder.encode(reply)
+        finish: dict[str, object]
+        if len(ids) > max_new:
+            ids = ids[:max_new]
+            finish = {"type": "length", "length": max_new}
+        elif reply.finish == "stop":
+            finish = {"type": "stop", "matched": self.encoder.end_of_turn_id}
+        elif reply.finish == "length":
+            finish = {"type": "length", "length": len(ids)}
+        else:
+            finish = _aborted("aborted by the script")
+        skip = received.sampling_params.get("skip_special_tokens", True)
+        return _Generation(
+            rid=received.rid,
+            ids=ids,
+            logprobs=[self.logprob_at(i, t) for i, t in enumerate(ids)],
+            finish=finish,
+            prompt_tokens=prompt,
+            return_logprob=received.return_logprob,
+            skip_special_tokens=bool(skip),
+        )
+
+    def _next_reply(self, input_ids: Sequence[int]) -> ScriptedReply:
+        if callable(self.script):
+            reply = self.script(input_ids)
+        else:
+            if self._served >= len(self.script):
+                raise _Refusal(f"engine double: script exhausted after {len(self.script)} replies")
+            reply = self.script[self._served]
+        self._served += 1
+        return reply
+
+    async def _answer(self, gen: _Generation, faults: Faults) -> web.StreamResponse:
+        if await self._stalled(gen.rid, _first_delay(faults)):
+            gen.ids, gen.logprobs, gen.finish = [], [], _aborted("Aborted by AbortReq.")
+        body: dict[str, object] = {
+            "text": self._text(gen, gen.ids),
+            "output_ids": gen.ids,
+            "meta_info": self._meta(gen, len(gen.ids), gen.finish),
+        }
+        return _json_or_malformed(body, faults.malformed)
+
+    async def _stream(
+        self, request: web.Request, gen: _Generation, faults: Faults
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        aborted = await self._stalled(gen.rid, _first_delay(faults))
+        sent = 0
+        chunks = 0
+        while True:
+            if chunks and not aborted:
+                aborted = await self._stalled(gen.rid, faults.chunk_delay)
+            end = sent if aborted else min(sent + self.tokens_per_chunk, len(gen.ids))
+            last = aborted or end == len(gen.ids)
+            finish = (_aborted("Aborted by AbortReq.") if aborted else gen.finish) if last else None
+            first = sent if self.incremental_streaming else 0
+            chunk: dict[str, object] = {
+                "text": self._text(gen, gen.ids[first:end]),
+                "output_ids": gen.ids[first:end],
+                "meta_info": self._meta(gen, end, finish, first),
+            }
+            data = _chunk_bytes(chunk, faults.malformed if chunks == 0 else None)
+            await response.write(b"data: " + data + b"\n\n")
+            sent = end
+            chunks += 1
+            if faults.drop_after_chunks is not None and chunks >= faults.drop_after_chunks:
+                _drop(request)
+                return response
+            if last:
+                break
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _stream_error(self, request: web.Request, message: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + json.dumps({"error": {"message": message}}).encode())
+        await response.write(b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _stalled(self, rid: str, delay: float | None) -> bool:
+        """Wait ``delay`` seconds (``None``: until aborted); True if ``rid`` was aborted first."""
+        event = self._abort_event(rid)
+        if event.is_set():
+            return True
+        if delay is not None and delay <= 0:
+            return False
+        try:
+            await asyncio.wait_for(event.wait(), delay)
+        except TimeoutError:
+            return False
+        return True
+
+    def _meta(
+        self, gen: _Generation, count: int, finish: Mapping[str, object] | None, first: int = 0
+    ) -> dict[str, object]:
+        meta: dict[str, object] = {
+            "id": gen.rid,
+            "finish_reason": dict(finish) if finish is not None else None,
+            "prompt_tokens": gen.prompt_tokens,
+            "weight_version": self.weight_version,
+            "completion_tokens": count,
+            "cached_tokens": 0,
+        }
+        if gen.return_logprob:
+            meta["output_token_logprobs"] = [
+                [gen.logprobs[i], gen.ids[i], None] for i in range(first, count)
+            ]
+            meta["output_token_logprobs_length"] = count
+        if finish is not None:
+            meta["e2e_latency"] = time.monotonic() - gen.started
+        return meta
+
+    def _text(self, gen: _Generation, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=gen.skip_special_tokens)
+
+    def _abort_event(self, rid: str) -> asyncio.Event:
+        event = self._abort_events.get(rid)
+        if event is None:
+            event = self._abort_events[rid] = asyncio.Event()
+        return event
+
+    def _saw(self, request: web.Request) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer is not None:
+            self.peers.add((str(peer[0]), int(peer[1])))
+
+
+def _first_delay(faults: Faults) -> float | None:
+    return None if faults.hang else faults.latency
+
+
+def _aborted(message: str) -> dict[str, object]:
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _drop(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
+
+
+def _corrupt(body: dict[str, object], how: Malformation) -> None:
+    meta = body["meta_info"]
+    assert isinstance(meta, dict)
+    logprobs = meta.get("output_token_logprobs")
+    if how is Malformation.MISSING_LOGPROBS:
+        meta.pop("output_token_logprobs", None)
+    elif how is Malformation.COUNT_MISMATCH:
+        meta["completion_tokens"] = int(str(meta["completion_tokens"])) + 1
+    elif how is Malformation.WRONG_RID:
+        meta["id"] = "someone-else"
+    elif isinstance(logprobs, list) and logprobs:
+        if how is Malformation.NULL_LOGPROB:
+            logprobs[0][0] = None
+        elif how is Malformation.BAD_TOKEN_ID:
+            logprobs[0][1] = str(logprobs[0][1])
+
+
+def _chunk_bytes(body: dict[str, object], how: Malformation | None) -> bytes:
+    if how is Malformation.NOT_JSON:
+        return b'{"meta_info": {"id": '
+    if how is not None:
+        _corrupt(body, how)
+    return json.dumps(body, allow_nan=True).encode()
+
+
+def _json_or_malformed(body: dict[str, object], how: Malformation | None) -> web.Response:
+    if how is Malformation.NOT_JSON:
+        return web.Response(
+            status=200, text="<html>502 Bad Gateway</html>", content_type="text/html"
+        )
+    if how is not None:
+        _corrupt(body, how)
+    return web.Response(status=200, body=json.dumps(body), content_type="application/json")

@@ -1,0 +1,224 @@
+"""The SGLang engine double, spoken to with a plain HTTP client: its wire format is SGLang's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from protocol_adapters.testing import (
+    EngineDouble,
+    Faults,
+    Qwen3ReplyEncoder,
+    ScriptedReply,
+    qwen3_text,
+)
+from transformers import PreTrainedTokenizerFast
+
+FIXTURE = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
+
+TOOL_REPLY = ScriptedReply(
+    reasoning="The test fails; look at the parser.",
+    text="Let me run it.",
+    tool_calls=[("bash", {"cmd": "pytest -x", "timeout": 30}), ("read", {"path": "ü.py"})],
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(tokenizer_file=str(FIXTURE))
+
+
+async def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def post_stream(url: str, body: dict[str, Any]) -> list[str]:
+    """The ``data:`` payloads of an SSE answer, in order."""
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await response.read()).decode()
+    assert raw.endswith("\n\n")
+    events = raw[: -len("\n\n")].split("\n\n")
+    assert all(e.startswith("data: ") for e in events)
+    return [e[len("data: ") :] for e in events]
+
+
+def generate_body(rid: str = "r1", max_new_tokens: int = 512, **extra: Any) -> dict[str, Any]:
+    return {
+        "rid": rid,
+        "input_ids": [11, 12, 13],
+        "sampling_params": {"max_new_tokens": max_new_tokens, "skip_special_tokens": False},
+        "return_logprob": True,
+        **extra,
+    }
+
+
+def test_qwen3_format_matches_the_template_layout() -> None:
+    assert qwen3_text(TOOL_REPLY) == (
+        "<think>\nThe test fails; look at the parser.\n</think>\n\nLet me run it."
+        '\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "pytest -x", "timeout": 30}}\n'
+        "</tool_call>"
+        '\n<tool_call>\n{"name": "read", "arguments": {"path": "ü.py"}}\n</tool_call><|im_end|>'
+    )
+    assert qwen3_text(ScriptedReply(tool_calls=[("f", {})])) == (
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'
+    )
+    assert qwen3_text(ScriptedReply(text="cut", finish="length")) == "cut"
+
+
+def test_encoder_uses_single_marker_ids_and_real_text_ids(tokenizer: Any) -> None:
+    encoder = Qwen3ReplyEncoder(tokenizer)
+    ids = encoder.encode(TOOL_REPLY)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == qwen3_text(TOOL_REPLY)
+    for marker in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>"):
+        assert tokenizer.convert_tokens_to_ids(marker) in ids
+    assert ids[-1] == encoder.end_of_turn_id
+    plain = ScriptedReply(text="Let me run it.", finish="length")
+    assert encoder.encode(plain) == tokenizer.encode("Let me run it.", add_special_tokens=False)
+
+
+def test_encoder_refuses_a_tokenizer_without_qwen3_markers(tokenizer: Any) -> None:
+    class NoThink:
+        def encode(self, text: str, /, *, add_special_tokens: bool) -> list[int]:
+            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+        def decode(self, token_ids: list[int], /, *, skip_special_tokens: bool) -> str:
+            return str(tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+        def convert_tokens_to_ids(self, tokens: str, /) -> int | list[int] | None:
+            return None if tokens == "<think>" else tokenizer.convert_tokens_to_ids(tokens)
+
+    with pytest.raises(ValueError, match="<think>"):
+        Qwen3ReplyEncoder(NoThink())
+
+
+async def test_generate_answers_in_sglang_shape(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [TOOL_REPLY], logprob=lambda i, t: -0.5 - i) as double:
+        status, body = await post(f"{double.url}/generate", generate_body())
+    ids = double.reply_ids(TOOL_REPLY)
+    assert status == 200
+    assert body["output_ids"] == ids
+    assert body["text"] == qwen3_text(TOOL_REPLY)  # skip_special_tokens=False was asked for
+    meta = body["meta_info"]
+    assert meta["id"] == "r1"
+    assert meta["prompt_tokens"] == 3
+    assert meta["completion_tokens"] == len(ids)
+    assert meta["finish_reason"] == {"type": "stop", "matched": ids[-1]}
+    assert meta["output_token_logprobs"] == [[-0.5 - i, t, None] for i, t in enumerate(ids)]
+    assert meta["weight_version"] == "default"
+    received = double.requests[0]
+    assert received.rid == "r1"
+    assert received.input_ids == (11, 12, 13)
+    assert received.sampling_params["max_new_tokens"] == 512
+    assert received.headers["content-type"] == "application/json"
+
+
+async def test_max_new_tokens_cuts_to_length(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [TOOL_REPLY]) as double:
+        _, body = await post(f"{double.url}/generate", generate_body(max_new_tokens=5))
+    assert body["output_ids"] == double.reply_ids(TOOL_REPLY)[:5]
+    assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert body["meta_info"]["completion_tokens"] == 5
+
+
+async def test_without_return_logprob_there_are_no_logprobs(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [ScriptedReply(text="hi")]) as double:
+        _, body = await post(f"{double.url}/generate", generate_body(return_logprob=False))
+    assert "output_token_logprobs" not in body["meta_info"]
+    assert body["text"] == "hi<|im_end|>"
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_stream_chunks_are_cumulative_or_incremental_like_sglang(
+    tokenizer: Any, incremental: bool
+) -> None:
+    reply = ScriptedReply(text="one two three four five six seven")
+    async with EngineDouble(
+        tokenizer, [reply], incremental_streaming=incremental, tokens_per_chunk=2
+    ) as double:
+        events = await post_stream(f"{double.url}/generate", generate_body(stream=True))
+    ids = double.reply_ids(reply)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == (len(ids) + 1) // 2
+    seen: list[int] = []
+    for n, chunk in enumerate(chunks):
+        meta = chunk["meta_info"]
+        count = min(2 * (n + 1), len(ids))
+        assert meta["completion_tokens"] == count
+        got = [t for _, t, _ in meta["output_token_logprobs"]]
+        assert chunk["output_ids"] == got
+        seen = [*seen, *got] if incremental else got
+        assert seen == ids[:count]
+        assert (meta["finish_reason"] is None) == (n < len(chunks) - 1)
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+async def test_hang_until_aborted_finishes_as_abort(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [ScriptedReply(text="x")], faults=Faults(hang=True)) as d:
+        pending = asyncio.create_task(post(f"{d.url}/generate", generate_body(rid="slow")))
+        await asyncio.sleep(0.05)
+        assert not pending.done()
+        status, _ = await post(f"{d.url}/abort_request", {"rid": "slow"})
+        assert status == 200
+        status, body = await pending
+    assert status == 200
+    assert d.aborts == ["slow"]
+    assert body["meta_info"]["finish_reason"]["type"] == "abort"
+    assert body["meta_info"]["completion_tokens"] == 0
+
+
+async def test_refusals_use_sglang_error_shapes(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [], context_length=8) as double:
+        status, body = await post(f"{double.url}/generate", generate_body(max_new_tokens=6))
+        assert status == 400
+        assert "maximum context length of 8 tokens" in body["error"]["message"]
+        long_prompt = {**generate_body(), "input_ids": list(range(9))}
+        status, body = await post(f"{double.url}/generate", long_prompt)
+        assert status == 400
+        assert "longer than the model's context length" in body["error"]["message"]
+        events = await post_stream(f"{double.url}/generate", {**long_prompt, "stream": True})
+        assert "longer than the model's context length" in json.loads(events[0])["error"]["message"]
+        assert events[1] == "[DONE]"
+        status, body = await post(f"{double.url}/generate", {"text": "hello"})
+        assert status == 400
+        assert "input_ids" in body["error"]["message"]
+
+
+async def test_injected_http_error_and_exhausted_script(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [ScriptedReply(text="x")]) as double:
+        double.faults = Faults(http_status=500, error_message="CUDA error: out of memory")
+        status, body = await post(f"{double.url}/generate", generate_body())
+        assert (status, body) == (500, {"error": {"message": "CUDA error: out of memory"}})
+        double.faults = Faults()
+        assert (await post(f"{double.url}/generate", generate_body()))[0] == 200
+        status, body = await post(f"{double.url}/generate", generate_body())
+        assert status == 400
+        assert "script exhausted" in body["error"]["message"]
+
+
+async def test_callable_script_sees_the_prompt(tokenizer: Any) -> None:
+    def echo(input_ids: Any) -> ScriptedReply:
+        return ScriptedReply(text=f"prompt had {len(input_ids)} tokens")
+
+    async with EngineDouble(tokenizer, echo) as double:
+        _, body = await post(f"{double.url}/generate", generate_body())
+    assert body["text"] == "prompt had 3 tokens<|im_end|>"
+
+
+async def test_health_model_info_and_connection_records(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [], weight_version="step-7") as double:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{double.url}/health") as response:
+                assert response.status == 200
+            async with session.get(f"{double.url}/get_model_info") as response:
+                info = await response.json()
+        assert info["is_generation"] is True
+        assert info["weight_version"] == "step-7"
+        assert double.connection_count == 1  # one keep-alive connection for both calls
