@@ -7,6 +7,7 @@ back needs no recursion and reproduces node and turn ids exactly.
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections.abc import Mapping
 from typing import Any, cast
@@ -131,7 +132,7 @@ def tree_from_dict(data: Mapping[str, Any]) -> SessionTree:
         raise FormatError(f"not a {FORMAT} document (format={data.get('format')!r})")
     try:
         return _rebuild(data)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
         if isinstance(exc, FormatError):
             raise
         raise FormatError(f"malformed tree document: {exc!r}") from exc
@@ -141,6 +142,7 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
     tree = SessionTree(str(data.get("session_id", "")))
     nodes: list[Node] = []
     turns: list[Turn] = []
+    path_lengths: list[int] = []  # tokens from the root through each node
     clock = 0
     for index, entry in enumerate(data["nodes"]):
         parent_id = entry["parent"]
@@ -152,6 +154,12 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
         spans = tuple((LossReason(r), int(n)) for r, n in entry.get("spans", ()))
         if delta is not None and sum(n for _, n in spans) != len(delta):
             raise FormatError(f"node {index}: spans do not cover its {len(delta)} tokens")
+        if delta and min(delta) < 0:
+            raise FormatError(f"node {index}: negative token id {min(delta)}")
+        path_lengths.append(
+            (0 if parent_id is None else path_lengths[parent_id]) + len(delta or ())
+        )
+        generated = [n for r, n in spans if r is LossReason.GENERATED]
         node = Node(index, parent, message, delta, spans)
         node.touched = int(entry.get("touched", 0))
         clock = max(clock, node.touched)
@@ -171,7 +179,16 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
                 raise FormatError(f"node {index}: output length disagrees with tokens or logprobs")
             if node.turn.id != len(turns):
                 raise FormatError(f"node {index}: turn ids must appear in order")
+            turn = node.turn
+            if turn.prompt_length + turn.output_length != path_lengths[index]:
+                raise FormatError(f"node {index}: prompt and output lengths disagree with the path")
+            if generated != [turn.output_length] or spans[-1][0] is not LossReason.GENERATED:
+                raise FormatError(f"node {index}: the output must be the one generated span")
+            if any(math.isnan(lp) or lp > 0.0 for lp in turn.output_logprobs):
+                raise FormatError(f"node {index}: logprobs must be log-probabilities")
             turns.append(node.turn)
+        elif generated:
+            raise FormatError(f"node {index}: generated tokens without a turn")
         nodes.append(node)
     tree._nodes = nodes
     tree._turns = turns
@@ -211,7 +228,7 @@ def dumps(tree: SessionTree) -> str:
 def loads(text: str) -> SessionTree:
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise FormatError(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise FormatError("a tree document is a JSON object")

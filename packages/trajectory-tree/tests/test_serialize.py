@@ -1,0 +1,205 @@
+"""JSON round trip of whole trees, and malformed documents refused with FormatError."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from invariants import check_session
+from session_kit import (
+    TOOLS_B,
+    ChatFormat,
+    ScriptedEngine,
+    Session,
+    call,
+    prompt,
+    reply,
+    reserialized,
+    system,
+    tool_result,
+    user,
+)
+from trajectory_tree import (
+    FinishReason,
+    FormatError,
+    LengthLimit,
+    Media,
+    Message,
+    Prompt,
+    Route,
+    SessionTree,
+    Text,
+    TurnMeta,
+    dumps,
+    linearize,
+    loads,
+    tree_from_dict,
+    tree_to_dict,
+)
+
+SYS = system("agent")
+TASK = Message("user", (Text("fix this"), Media("image/png", "aGVsbG8=")))
+THINK = reply("run", call("c1", "bash", {"cmd": "make", "j": 2}), reasoning="hm", signature="sg")
+AFTER = [SYS, TASK, reserialized(THINK), tool_result("c1", "boom", error=True)]
+
+
+def busy_session() -> tuple[Session, list[Prompt]]:
+    """Every kind of node and turn; returns the session and prompts to route afterwards."""
+    s = Session(fmt=ChatFormat(strip_history_reasoning=True))
+    meta = TurnMeta("r0", 1, 1.5, 2.5, "main", False, 1, {"k": "v"})
+    s.turn(prompt(SYS, TASK, enable_thinking="true"), THINK, meta=meta)
+    s.turn(prompt(*AFTER, enable_thinking="true"), reply("again"), full="drops reasoning")
+    s.turn(prompt(*AFTER, enable_thinking="true"), reply("retry"))
+    s.turn(prompt(system("sub"), user("look"), tools=TOOLS_B), reply("sub"))
+    s.turn(prompt(user("title"), tools=()), reply("T"), meta=TurnMeta(side_request=True))
+    s.turn(prompt(SYS, user("x")), reply("ab"), output=[1, 2], finish=FinishReason.ABORT)
+    s.turn(prompt(SYS, user("y")), reply(), output=[])
+    s.turn(prompt(SYS, user("z")), reply("cut"), output=[*b"cu"], finish=FinishReason.LENGTH)
+    probes = [
+        prompt(*AFTER, enable_thinking="true"),
+        prompt(*AFTER, reply("retry"), user("go"), enable_thinking="true"),
+        prompt(SYS, TASK, THINK, user("other"), enable_thinking="true"),
+        prompt(system("sub"), user("look"), reply("sub"), user("more"), tools=TOOLS_B),
+        prompt(SYS, user("z"), reply("cut"), user("on")),
+        prompt(user("never seen"), tools=()),
+    ]
+    return s, probes
+
+
+def where(route: Route) -> tuple[int, int, int, list[int], list[int]]:
+    return (
+        route.anchor.id,
+        route.matched,
+        route.prefix_length,
+        route.prefix_ids().tolist(),
+        [t.id for t in route.recorded],
+    )
+
+
+def test_round_trip_is_exact() -> None:
+    s, _ = busy_session()
+    text = dumps(s.tree)
+    again = loads(text)
+    assert dumps(again) == text
+    assert tree_to_dict(tree_from_dict(json.loads(text))) == json.loads(text)
+    assert again.session_id == s.tree.session_id
+    assert list(again.turns) == list(s.tree.turns)
+    for turn in s.tree.turns:
+        assert again.prompt_ids(turn).tolist() == s.tree.prompt_ids(turn).tolist()
+    first = again.turns[0]
+    assert first.reply.reasoning[0].signature == "sg"
+    assert first.meta.extra == {"k": "v"}
+
+
+@pytest.mark.parametrize("limit", [None, LengthLimit(40)])
+def test_round_trip_gives_identical_samples(limit: LengthLimit | None) -> None:
+    s, _ = busy_session()
+    again = loads(dumps(s.tree))
+    assert linearize(again, limit=limit) == check_session(s, limit=limit)
+
+
+def test_round_trip_gives_identical_routing() -> None:
+    s, probes = busy_session()
+    again = loads(dumps(s.tree))
+    for probe in probes[:-1]:
+        assert where(again.route(probe)) == where(s.tree.route(probe))
+    unseen = probes[-1]
+    assert again.route(unseen).matched == s.tree.route(unseen).matched == 0
+
+
+def test_a_loaded_tree_keeps_recording_like_the_original() -> None:
+    s, probes = busy_session()
+    loaded = Session(tree=loads(dumps(s.tree)), fmt=s.fmt, calls=dict(s.calls))
+    for session in (s, loaded):
+        session.engine = ScriptedEngine(seed=7)
+        session.turn(probes[1], reply("continued"))
+        session.turn(probes[0], reply("yet another retry"))
+    assert dumps(loaded.tree) == dumps(s.tree)
+    assert linearize(loaded.tree) == check_session(s)
+
+
+def test_round_trip_of_an_empty_tree() -> None:
+    tree = SessionTree("empty")
+    assert dumps(loads(dumps(tree))) == dumps(tree)
+
+
+# -- malformed documents -----------------------------------------------------------------------
+
+
+def _doc() -> dict[str, Any]:
+    s, _ = busy_session()
+    return tree_to_dict(s.tree)
+
+
+def _generated(doc: dict[str, Any]) -> dict[str, Any]:
+    return next(n for n in doc["nodes"] if "turn" in n and n["turn"]["output_length"])
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """A mutation of the first generated node: ``path`` like ``turn.meta.extra``."""
+
+    def mutate(doc: dict[str, Any]) -> None:
+        target = _generated(doc)
+        *parents, last = path.split(".")
+        for key in parents:
+            target = target[key]
+        target[last] = value
+
+    return mutate
+
+
+MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "format": lambda d: d.update(format="trajectory-tree/0"),
+    "no-nodes": lambda d: d.pop("nodes"),
+    "nodes-not-a-list": lambda d: d.update(nodes=7),
+    "node-not-an-object": lambda d: d["nodes"].append(3),
+    "forward-parent": lambda d: d["nodes"][1].update(parent=5),
+    "self-parent": lambda d: d["nodes"][1].update(parent=1),
+    "unknown-block": _set("message.content", [{"type": "video"}]),
+    "block-not-an-object": _set("message.content", ["text"]),
+    "unknown-role": _set("message.role", "robot"),
+    "tool-message-without-call-id": _set("message.role", "tool"),
+    "unknown-span-reason": _set("spans", [["vibes", 1]]),
+    "spans-short-of-tokens": lambda d: _generated(d)["spans"].pop(),
+    "token-beyond-int32": _set("tokens", [2**40]),
+    "token-not-an-int": _set("tokens", ["a"]),
+    "negative-token": lambda d: _generated(d)["tokens"].__setitem__(0, -1),
+    "turn-without-message": lambda d: _generated(d).pop("message"),
+    "turn-ids-out-of-order": _set("turn.id", 99),
+    "output-longer-than-tokens": _set("turn.output_length", 10**6),
+    "logprob-count": lambda d: _generated(d)["turn"]["output_logprobs"].append(-1.0),
+    "unknown-finish-reason": _set("turn.finish_reason", "cancelled"),
+    "positive-logprob": lambda d: _generated(d)["turn"]["output_logprobs"].__setitem__(0, 0.5),
+    "generated-span-without-turn": lambda d: d["nodes"][2].update(
+        spans=[["generated", len(d["nodes"][2]["tokens"])]]
+    ),
+    "meta-not-an-object": _set("turn.meta", 5),
+    "tools-not-objects": lambda d: d["nodes"][0].update(tools=[1]),
+    "prompt-length-disagrees-with-path": _set("turn.prompt_length", 3),
+    "generated-span-disagrees-with-output": lambda d: _generated(d).update(
+        spans=[["template_scaffold", len(_generated(d)["tokens"])]]
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MUTATIONS))
+def test_malformed_documents_raise_format_error(case: str) -> None:
+    doc = copy.deepcopy(_doc())
+    MUTATIONS[case](doc)
+    with pytest.raises(FormatError):
+        tree_from_dict(doc)
+    with pytest.raises(FormatError):
+        loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "not json", "[1, 2]", '"a tree"', "null", "[" * 100_000 + "]" * 100_000],
+    ids=["empty", "garbage", "array", "string", "null", "deeply-nested"],
+)
+def test_non_documents_raise_format_error(text: str) -> None:
+    with pytest.raises(FormatError):
+        loads(text)
