@@ -1,0 +1,121 @@
+"""Label the rendered text of new messages with loss reasons, then cut the ids to match.
+
+All of it is loss 0: the labels only answer "why wasn't this trained?". Tool results are
+``tool_output``, other messages ``context``, and the short template text around a message's
+content (role headers, ``<|im_end|>``, ``<tool_response>`` tags) ``template_scaffold``.
+
+Message boundaries are found without assuming anything about the template: each message is
+rendered alone after a probe conversation ending in its predecessor's role, and the longest
+prefix of that piece found at the current position of the real text is the message's region.
+A template that groups consecutive tool results (one ``<|im_end|>`` after the last) still splits
+right: the lone rendering's closing tag is simply where the match stops. The ids come from one
+encode of the whole text; a token is labelled by the character it starts at.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from trajectory_tree import LossReason, Message, Role, Segment
+
+from protocol_adapters.tokenizer import Vocabulary
+
+from .conversation import TemplateContext
+
+MAX_SCAFFOLD_CHARS = 64
+"""Template text around a message longer than this (a system prompt, a tools block) is context."""
+
+
+def common_prefix_at(text: str, start: int, piece: str) -> int:
+    """Length of the longest prefix of ``piece`` that ``text`` has at ``start``."""
+    limit = min(len(piece), len(text) - start)
+    if text.startswith(piece[:limit], start):
+        return limit
+    low, high = 0, limit  # a prefix of length `low` matches, of length `high` does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if text.startswith(piece[:middle], start):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def message_regions(
+    context: TemplateContext, previous: Role | None, messages: Sequence[Message], text: str
+) -> list[tuple[int, int]]:
+    """``[start, end)`` of each message in ``text`` (the rendering of ``messages`` after
+    ``previous``); the last region runs to the end of ``text``."""
+    regions: list[tuple[int, int]] = []
+    cursor = 0
+    role = previous
+    for message in messages:
+        base = context.base_text(role)
+        alone = context.render_after(role, (message,), gen=False)
+        piece = alone[common_prefix_at(alone, 0, base) :]
+        end = cursor + common_prefix_at(text, cursor, piece)
+        regions.append((cursor, end))
+        cursor = end
+        role = message.role
+    if regions:
+        start, _ = regions[-1]
+        regions[-1] = (start, len(text))
+    return regions
+
+
+def _scaffold_or(reason: LossReason, length: int) -> LossReason:
+    return LossReason.TEMPLATE_SCAFFOLD if length <= MAX_SCAFFOLD_CHARS else reason
+
+
+def label_text(
+    context: TemplateContext, previous: Role | None, messages: Sequence[Message], text: str
+) -> list[tuple[int, LossReason]]:
+    """``(end, reason)`` character spans covering ``text`` in order."""
+    spans: list[tuple[int, LossReason]] = []
+    role = previous
+    for message, (start, end) in zip(
+        messages, message_regions(context, previous, messages, text), strict=True
+    ):
+        reason = LossReason.TOOL_OUTPUT if message.role == "tool" else LossReason.CONTEXT
+        # Before the first message of a conversation sit the system prompt and tools block.
+        head_reason = LossReason.CONTEXT if role is None else reason
+        header = context.header(role, message.role)
+        content_from = start
+        if header is not None and text.startswith(header, start):
+            content_from = start + len(header)
+        content = message.plain_text if message.role != "assistant" else ""
+        at = text.find(content, content_from, end) if content else -1
+        if message.role == "assistant" or (content and at < 0):
+            spans.append((end, reason))
+        else:
+            if not content:
+                at = min(content_from, end)
+            spans.append((at, _scaffold_or(head_reason, at - start)))
+            spans.append((at + len(content), reason))
+            spans.append((end, _scaffold_or(reason, end - at - len(content))))
+        role = message.role
+    return [span for i, span in enumerate(spans) if span[0] > (spans[i - 1][0] if i else 0)]
+
+
+def segment_ids(
+    vocabulary: Vocabulary, text: str, spans: Sequence[tuple[int, LossReason]]
+) -> list[Segment]:
+    """Encode ``text`` once and cut its ids into runs of equal reason."""
+    ids, offsets = vocabulary.encode_with_offsets(text)
+    ends = [end for end, _ in spans]
+    segments: list[Segment] = []
+    run: list[int] = []
+    run_reason: LossReason | None = None
+    for token_id, (begin, _) in zip(ids, offsets, strict=True):
+        index = min(bisect_right(ends, begin), len(spans) - 1)
+        reason = spans[index][1]
+        if reason is not run_reason and run:
+            assert run_reason is not None
+            segments.append(Segment(run_reason, run))
+            run = []
+        run_reason = reason
+        run.append(token_id)
+    if run and run_reason is not None:
+        segments.append(Segment(run_reason, run))
+    return segments

@@ -1,0 +1,14 @@
+"""Tokenizers that work offline: the real Qwen3 vocabulary, and any ``tokenizer.json``."""
+
+from .qwen import QwenTokenizerConfig, bundled_tiktoken_file, load_qwen3_vocabulary
+from .special_tokens import QWEN3_ADDED_TOKENS, AddedTokenSpec
+from .vocabulary import Vocabulary
+
+__all__ = [
+    "QWEN3_ADDED_TOKENS",
+    "AddedTokenSpec",
+    "QwenTokenizerConfig",
+    "Vocabulary",
+    "bundled_tiktoken_file",
+    "load_qwen3_vocabulary",
+]
