@@ -1,0 +1,539 @@
+"""The E2B backend: the same Sandbox contract on E2B's cloud sandboxes (extra `sandbox[e2b]`).
+
+Mapping onto the SDK's async API: `AsyncSandbox.create` boots (with our own deadline and
+retries with backoff; one idempotency key per `create` call, so a retried request whose
+first attempt did succeed server-side returns that sandbox instead of leaking a second),
+`commands.run(background=True)` starts every command (so we, not the SDK, own the wait),
+`handle.wait()` raises `CommandExitException` for a non-zero exit and we turn that back
+into an ExecResult, `files.read/write` do file I/O, and `kill()` ends the sandbox.
+
+Deadlines are ours: the SDK's command timeout is disabled (`timeout=0`) because it is not
+reliable on Python 3.11; `asyncio.wait_for` bounds every wait, and on expiry we SIGKILL the
+command's process group inside the sandbox and report exit 137 with `timed_out=True`.
+
+envd reports a process killed by a signal as exit code -1 with error "signal: killed"; that
+becomes 128 + signal number, as a shell would report it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import posixpath
+import re
+import shlex
+import shutil
+import signal
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from sandbox.errors import (
+    SandboxBootError,
+    SandboxClosedError,
+    SandboxCommandError,
+    SandboxFileNotFoundError,
+    SandboxUnavailableError,
+    UnsupportedSpecError,
+)
+from sandbox.result import KILLED_EXIT_CODE, ExecResult
+from sandbox.retry import RetryPolicy
+from sandbox.spec import (
+    DirectoryWorkspace,
+    EmptyWorkspace,
+    ResourceLimits,
+    SandboxSpec,
+    validate_env,
+)
+
+if TYPE_CHECKING:
+    from e2b import AsyncSandbox
+
+logger = logging.getLogger(__name__)
+
+_SIGNAL_EXIT = re.compile(r"^signal: (.+)$")
+# Go's names for signals (os.Signal.String()) as envd reports them.
+_GO_SIGNAL_NAMES = {
+    "killed": signal.SIGKILL,
+    "terminated": signal.SIGTERM,
+    "interrupt": signal.SIGINT,
+    "hangup": signal.SIGHUP,
+    "aborted": signal.SIGABRT,
+    "segmentation fault": signal.SIGSEGV,
+    "broken pipe": signal.SIGPIPE,
+    "quit": signal.SIGQUIT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class E2BConfig:
+    """Everything the E2B backend needs; nothing is read from the environment.
+
+    `api_url` / `sandbox_url` point the SDK at a self-hosted or test deployment;
+    `sandbox_timeout` is E2B's own lifetime limit of a sandbox (seconds), a safety net for
+    sandboxes whose `close()` never ran.
+    """
+
+    api_key: str
+    template: str | None = None
+    domain: str | None = None
+    api_url: str | None = None
+    sandbox_url: str | None = None
+    http_version: Literal["1.1", "2"] | None = None
+    sandbox_timeout: int = 3600
+    request_timeout: float = 30.0
+    boot_timeout: float = 120.0
+    boot_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    kill_timeout: float = 15.0
+    sdk_retries: int = 0
+    workspace_path: str = "/home/user/workspace"
+    output_root: Path | None = None
+
+
+def exit_code_from_envd(exit_code: int, error: str | None) -> int:
+    """envd's (exit code, error) to shell convention: a signal N becomes 128 + N."""
+    if error:
+        match = _SIGNAL_EXIT.match(error.strip())
+        if match:
+            signum = _GO_SIGNAL_NAMES.get(match.group(1))
+            return 128 + signum if signum is not None else KILLED_EXIT_CODE
+    if exit_code < 0:
+        return KILLED_EXIT_CODE
+    return exit_code
+
+
+def _import_sdk() -> Any:
+    try:
+        import e2b
+    except ImportError as error:
+        raise SandboxUnavailableError(
+            "the E2B backend needs the e2b SDK: install sandbox[e2b]"
+        ) from error
+    return e2b
+
+
+class E2BBackend:
+    """Creates E2B sandboxes."""
+
+    def __init__(self, config: E2BConfig) -> None:
+        self.config = config
+        self._e2b = _import_sdk()
+
+    def _api_params(self) -> dict[str, Any]:
+        c = self.config
+        params: dict[str, Any] = {
+            "api_key": c.api_key,
+            "request_timeout": c.request_timeout,
+            "debug": False,
+            # Boot retries are ours (`boot_retry`); the SDK's own would multiply them.
+            "retries": c.sdk_retries,
+        }
+        optional = {
+            "domain": c.domain,
+            "api_url": c.api_url,
+            "sandbox_url": c.sandbox_url,
+            "http_version": c.http_version,
+        }
+        params.update({k: v for k, v in optional.items() if v is not None})
+        return params
+
+    async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        _check_supported(spec)
+        create_kwargs: dict[str, Any] = {
+            "template": self.config.template,
+            "timeout": self.config.sandbox_timeout,
+            "idempotency_key": str(uuid.uuid4()),
+            **self._api_params(),
+        }
+        endpoint_url = None
+        if spec.network is None:
+            create_kwargs["allow_internet_access"] = False
+        else:
+            create_kwargs["network"] = {
+                "allow_out": [spec.network.host],
+                "deny_out": ["0.0.0.0/0"],
+            }
+            endpoint_url = f"http://{spec.network.host}:{spec.network.port}"
+        sdk_sandbox = await self._boot(create_kwargs)
+        output_dir = Path(tempfile.mkdtemp(prefix="e2b-sandbox-", dir=self.config.output_root))
+        sandbox = E2BSandbox(
+            sdk_sandbox,
+            self._e2b,
+            config=self.config,
+            env=spec.env,
+            endpoint_url=endpoint_url,
+            output_dir=output_dir,
+        )
+        try:
+            await sandbox._prepare_workspace(spec)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def _boot(self, create_kwargs: dict[str, Any]) -> AsyncSandbox:
+        fatal = (self._e2b.AuthenticationException, self._e2b.InvalidArgumentException)
+        delays = self.config.boot_retry.delays()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                created: AsyncSandbox = await asyncio.wait_for(
+                    self._e2b.AsyncSandbox.create(**create_kwargs), self.config.boot_timeout
+                )
+                return created
+            except fatal as error:
+                raise SandboxBootError(f"E2B refused to create a sandbox: {error}") from error
+            except Exception as error:
+                delay = next(delays, None)
+                if delay is None:
+                    raise SandboxBootError(
+                        f"E2B sandbox failed to boot after {attempt} attempts: {error!r}"
+                    ) from error
+                logger.warning(
+                    "E2B boot attempt %d failed (%r); retrying in %.2fs", attempt, error, delay
+                )
+                await asyncio.sleep(delay)
+
+
+def _check_supported(spec: SandboxSpec) -> None:
+    if spec.read_only_binds:
+        raise UnsupportedSpecError("E2B cannot mount host paths; bake them into the template")
+    if spec.limits != ResourceLimits():
+        raise UnsupportedSpecError("E2B resource limits come from the template, not the spec")
+    if not isinstance(spec.workspace, EmptyWorkspace | DirectoryWorkspace):
+        raise UnsupportedSpecError(
+            "E2B takes an empty or directory workspace; put repositories in the template "
+            "or upload a directory"
+        )
+
+
+def _tar_directory(source: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(source, arcname=".")
+    return buffer.getvalue()
+
+
+class _OutputSink:
+    """Collects a command's output as the SDK streams it, in memory or into a host file."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._chunks: list[str] = []
+        self._file = path.open("w", encoding="utf-8") if path is not None else None
+
+    def __call__(self, chunk: str) -> None:
+        if self._file is not None:
+            self._file.write(chunk)
+            self._file.flush()
+        else:
+            self._chunks.append(chunk)
+
+    def text(self, path: Path | None) -> str:
+        if path is None:
+            return "".join(self._chunks)
+        if self._file is not None and not self._file.closed:
+            self._file.flush()
+        return path.read_text(encoding="utf-8")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class _Command:
+    """One running command: its SDK handle and where its output goes."""
+
+    def __init__(
+        self,
+        sandbox: E2BSandbox,
+        handle: Any,
+        stdout: _OutputSink,
+        stderr: _OutputSink,
+        paths: tuple[Path | None, Path | None],
+    ) -> None:
+        self._sandbox = sandbox
+        self.handle = handle
+        self.stdout = stdout
+        self.stderr = stderr
+        self.paths = paths
+        self.started = time.monotonic()
+        self._finished: tuple[int, bool] | None = None
+        self._end_task: asyncio.Future[int] | None = None
+
+    def _end(self) -> asyncio.Future[int]:
+        """One shared task awaiting the SDK handle, shielded from our deadlines.
+
+        Cancelling a wait on the handle would cancel the SDK's own stream reader and lose
+        the end event, so deadlines only ever cancel waits on this task, never the task.
+        """
+        if self._end_task is None:
+            self._end_task = asyncio.ensure_future(self._exit_code())
+        return self._end_task
+
+    async def wait(self, timeout: float | None) -> ExecResult:
+        if self._finished is None:
+            try:
+                exit_code = await asyncio.wait_for(asyncio.shield(self._end()), timeout)
+                self._finished = (exit_code, False)
+            except TimeoutError:
+                await self.kill()
+                self._finished = (KILLED_EXIT_CODE, True)
+        exit_code, timed_out = self._finished
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=self.stdout.text(self.paths[0]),
+            stderr=self.stderr.text(self.paths[1]),
+            timed_out=timed_out,
+            duration=time.monotonic() - self.started,
+        )
+
+    async def _exit_code(self) -> int:
+        exit_exception = self._sandbox._e2b.CommandExitException
+        try:
+            result = await self.handle.wait()
+        except exit_exception as error:
+            return exit_code_from_envd(error.exit_code, error.error)
+        return exit_code_from_envd(result.exit_code, result.error)
+
+    async def kill(self) -> None:
+        """SIGKILL the command's process group inside the sandbox, then the command itself."""
+        pid = int(self.handle.pid)
+        await self._sandbox._run_quiet(f"kill -KILL -- -{pid} 2>/dev/null; true")
+        try:
+            await asyncio.wait_for(self.handle.kill(), self._sandbox._config.kill_timeout)
+        except Exception as error:
+            logger.warning("E2B kill of pid %d failed: %r", pid, error)
+        # Let the stream deliver its end event (and the last output) before reporting.
+        try:
+            await asyncio.wait_for(asyncio.shield(self._end()), self._sandbox._config.kill_timeout)
+        except Exception as error:
+            logger.warning("E2B command %d did not report its end after kill: %r", pid, error)
+            await self.handle.disconnect()
+        self.stdout.close()
+        self.stderr.close()
+
+
+class E2BProcess:
+    """A detached command in an E2B sandbox; output streams into host files."""
+
+    def __init__(self, command: _Command) -> None:
+        self._command = command
+
+    @property
+    def pid(self) -> int:
+        return int(self._command.handle.pid)
+
+    @property
+    def stdout_path(self) -> Path:
+        assert self._command.paths[0] is not None
+        return self._command.paths[0]
+
+    @property
+    def stderr_path(self) -> Path:
+        assert self._command.paths[1] is not None
+        return self._command.paths[1]
+
+    async def wait(self, timeout: float | None = None) -> ExecResult:
+        return await self._command.wait(timeout)
+
+    async def kill(self) -> None:
+        await self._command.kill()
+
+
+class E2BSandbox:
+    """A running E2B sandbox. Create it with `E2BBackend.create`."""
+
+    def __init__(
+        self,
+        sdk_sandbox: AsyncSandbox,
+        e2b_module: Any,
+        *,
+        config: E2BConfig,
+        env: Mapping[str, str],
+        endpoint_url: str | None,
+        output_dir: Path,
+    ) -> None:
+        self._sdk = sdk_sandbox
+        self._e2b = e2b_module
+        self._config = config
+        self._env = dict(env)
+        self._endpoint_url = endpoint_url
+        self._output_dir = output_dir
+        self._processes: list[_Command] = []
+        self._closed = False
+        self._close_lock = asyncio.Lock()
+
+    @property
+    def sandbox_id(self) -> str:
+        return str(self._sdk.sandbox_id)
+
+    @property
+    def workspace(self) -> str:
+        return self._config.workspace_path
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self._endpoint_url
+
+    @property
+    def isolated(self) -> bool:
+        return True
+
+    async def _prepare_workspace(self, spec: SandboxSpec) -> None:
+        q = shlex.quote(self.workspace)
+        made = await self.exec(f"mkdir -p -- {q}", cwd="/", timeout=self._config.request_timeout)
+        if not made.ok:
+            raise SandboxBootError(f"could not create the workspace: {made.stderr}")
+        if isinstance(spec.workspace, DirectoryWorkspace):
+            archive = await asyncio.to_thread(_tar_directory, spec.workspace.source)
+            remote = f"/tmp/workspace-{uuid.uuid4().hex}.tar"
+            await self.write_file(remote, archive)
+            unpacked = await self.exec(
+                f"tar -xf {shlex.quote(remote)} -C {q} && rm -f -- {shlex.quote(remote)}",
+                cwd="/",
+                timeout=self._config.boot_timeout,
+            )
+            if not unpacked.ok:
+                raise SandboxBootError(f"could not unpack the workspace: {unpacked.stderr}")
+
+    async def _launch(
+        self,
+        cmd: str,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        paths: tuple[Path | None, Path | None],
+    ) -> _Command:
+        if self._closed:
+            raise SandboxClosedError("sandbox is closed")
+        merged = {**self._env, **(env or {})}
+        validate_env(merged)
+        stdout, stderr = _OutputSink(paths[0]), _OutputSink(paths[1])
+        directory = self._resolve(cwd) if cwd is not None else self.workspace
+        try:
+            handle = await asyncio.wait_for(
+                self._sdk.commands.run(
+                    cmd,
+                    background=True,
+                    envs=merged,
+                    cwd=directory,
+                    on_stdout=stdout,
+                    on_stderr=stderr,
+                    timeout=0,
+                    request_timeout=self._config.request_timeout,
+                    retain_output=False,
+                ),
+                self._config.request_timeout,
+            )
+        except BaseException:
+            stdout.close()
+            stderr.close()
+            raise
+        return _Command(self, handle, stdout, stderr, paths)
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        command = await self._launch(cmd, cwd, env, (None, None))
+        try:
+            return await command.wait(timeout)
+        except asyncio.CancelledError:
+            await asyncio.shield(command.kill())
+            raise
+
+    async def start(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> E2BProcess:
+        stem = self._output_dir / uuid.uuid4().hex
+        command = await self._launch(
+            cmd, cwd, env, (stem.with_suffix(".out"), stem.with_suffix(".err"))
+        )
+        self._processes.append(command)
+        return E2BProcess(command)
+
+    async def _run_quiet(self, cmd: str) -> None:
+        """Best-effort helper command (used while killing); failures are only logged."""
+        try:
+            command = await self._launch(cmd, "/", None, (None, None))
+            await command.wait(self._config.kill_timeout)
+        except Exception as error:
+            logger.warning("E2B helper command %r failed: %r", cmd, error)
+
+    def _resolve(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workspace, path))
+
+    async def read_file(self, path: str) -> bytes:
+        if self._closed:
+            raise SandboxClosedError("sandbox is closed")
+        target = self._resolve(path)
+        try:
+            data = await asyncio.wait_for(
+                self._sdk.files.read(target, format="bytes"), self._config.request_timeout
+            )
+        except self._e2b.FileNotFoundException as error:
+            raise SandboxFileNotFoundError(target) from error
+        return bytes(data)
+
+    async def read_text(self, path: str) -> str:
+        return (await self.read_file(path)).decode("utf-8")
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        if self._closed:
+            raise SandboxClosedError("sandbox is closed")
+        target = self._resolve(path)
+        payload = data.encode("utf-8") if isinstance(data, str) else data
+        try:
+            await asyncio.wait_for(
+                self._sdk.files.write(target, payload, use_octet_stream=True),
+                self._config.request_timeout,
+            )
+        except self._e2b.SandboxException as error:
+            raise SandboxCommandError(f"writing {target} failed: {error}") from error
+
+    async def close(self) -> None:
+        async with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                await asyncio.wait_for(self._sdk.kill(), self._config.kill_timeout)
+            except Exception as error:
+                logger.warning(
+                    "E2B kill of sandbox %s failed (%r); it ends at its own timeout",
+                    self.sandbox_id,
+                    error,
+                )
+            for command in self._processes:
+                with contextlib.suppress(Exception):
+                    await command.handle.disconnect()
+                command.stdout.close()
+                command.stderr.close()
+            await asyncio.to_thread(shutil.rmtree, self._output_dir, True)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
