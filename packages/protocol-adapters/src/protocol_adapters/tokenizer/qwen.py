@@ -72,6 +72,7 @@ def _build(source: Path, target: Path) -> None:
     os.close(fd)
     try:
         tokenizer.save(temporary)
+        os.chmod(temporary, 0o644)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

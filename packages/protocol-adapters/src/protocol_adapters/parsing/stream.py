@@ -1,0 +1,195 @@
+"""The built-in streaming reply parser: text deltas in, ReplyEvents out as soon as they are certain.
+
+One small state machine over three modes (text, reasoning, inside a tool call) and four markers
+(``<think>``, ``</think>``, ``<tool_call>``, ``</tool_call>``). Text is released immediately except
+a tail that could still become a marker (``<tool`` ...) and a run of newlines that may turn out to
+be template whitespace. Newlines touching a marker or the ends of the reply are the template's
+layout (``<think>\\n``, ``\\n</think>\\n\\n``, ``\\n<tool_call>``), not content, and are dropped;
+every other character reaches the client. A tool call is released when its closing marker
+arrives; one that does not parse, or is cut off by the end of the reply, is released as text and
+counted in ``malformed``: never dropped.
+
+Because the final message is assembled from exactly the events the client streamed, the echo a
+client sends back is the message the tree recorded, however the output was chunked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+from itertools import groupby
+
+from trajectory_tree import Block, Message, Reasoning, Text, ToolSpec
+
+from protocol_adapters.types import ParsedReply, ReasoningDelta, ReplyEvent, TextDelta, ToolCallDone
+
+from .config import ParserConfig
+from .tool_markup import CallIdFactory, new_call_id, parse_tool_call
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+
+
+class _Mode(Enum):
+    TEXT = "text"
+    REASONING = "reasoning"
+    CALL = "call"
+
+
+def assemble(events: Sequence[ReplyEvent]) -> Message:
+    """The assistant message the events spell: consecutive deltas of a kind become one block."""
+    blocks: list[Block] = []
+    for kind, group in groupby(events, key=type):
+        if kind is ToolCallDone:
+            blocks.extend(e.call for e in group if isinstance(e, ToolCallDone))
+        elif kind is TextDelta:
+            blocks.append(Text("".join(e.text for e in group if isinstance(e, TextDelta))))
+        else:
+            blocks.append(
+                Reasoning("".join(e.text for e in group if isinstance(e, ReasoningDelta)))
+            )
+    return Message("assistant", tuple(blocks))
+
+
+class ReplyStream:
+    """Incremental parser for one reply. Not thread-safe: one reply, one consumer."""
+
+    def __init__(
+        self,
+        config: ParserConfig | None = None,
+        tools: Sequence[ToolSpec] = (),
+        call_id: CallIdFactory = new_call_id,
+    ) -> None:
+        self.config = config or ParserConfig()
+        self._tools = {t.name: t for t in tools}
+        self._call_id = call_id
+        reasoning_first = self.config.reasoning and self.config.starts_in_reasoning
+        self._mode = _Mode.REASONING if reasoning_first else _Mode.TEXT
+        self._buffer = ""
+        self._newlines = 0
+        self._at_start = True
+        self._emitted = False
+        self._finished = False
+        self._events: list[ReplyEvent] = []
+        self.malformed = 0
+
+    def feed(self, text: str) -> list[ReplyEvent]:
+        """Events made certain by ``text``."""
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        self._buffer += text
+        out: list[ReplyEvent] = []
+        self._drain(out, final=False)
+        self._events.extend(out)
+        return out
+
+    def finish(self) -> list[ReplyEvent]:
+        """The events still held back, once the reply has ended."""
+        if self._finished:
+            raise RuntimeError("finish() called twice")
+        self._finished = True
+        out: list[ReplyEvent] = []
+        self._drain(out, final=True)
+        if self._mode is _Mode.CALL:  # cut off inside a tool call: keep it, as text
+            self.malformed += 1
+            out.append(TextDelta(CALL_OPEN + self._buffer))
+            self._buffer = ""
+        self._events.extend(out)
+        return out
+
+    def reply(self) -> ParsedReply:
+        """The whole reply; only after :meth:`finish`."""
+        if not self._finished:
+            raise RuntimeError("reply() before finish()")
+        return ParsedReply(assemble(self._events), self.malformed)
+
+    # -- the state machine ----------------------------------------------------------------------
+
+    def _markers(self) -> tuple[str, ...]:
+        if self._mode is _Mode.REASONING:
+            return (THINK_CLOSE,)
+        if self.config.reasoning and not self._emitted:
+            return (CALL_OPEN, THINK_OPEN)
+        return (CALL_OPEN,)
+
+    def _drain(self, out: list[ReplyEvent], *, final: bool) -> None:
+        while True:
+            if self._mode is _Mode.CALL:
+                end = self._buffer.find(CALL_CLOSE)
+                if end < 0:
+                    return
+                body = self._buffer[:end]
+                self._buffer = self._buffer[end + len(CALL_CLOSE) :]
+                self._close_call(body, out)
+                continue
+            markers = self._markers()
+            found = _earliest(self._buffer, markers)
+            if found is not None:
+                at, marker = found
+                self._emit(self._buffer[:at], out)
+                self._buffer = self._buffer[at + len(marker) :]
+                self._switch(marker)
+                continue
+            keep = 0 if final else _partial_marker_length(self._buffer, markers)
+            self._emit(self._buffer[: len(self._buffer) - keep], out)
+            self._buffer = self._buffer[len(self._buffer) - keep :]
+            return
+
+    def _switch(self, marker: str) -> None:
+        self._newlines = 0  # newlines before a marker are layout
+        self._at_start = True
+        if marker == THINK_OPEN:
+            self._mode = _Mode.REASONING
+        elif marker == CALL_OPEN:
+            self._mode = _Mode.CALL
+        else:
+            self._mode = _Mode.TEXT
+
+    def _close_call(self, body: str, out: list[ReplyEvent]) -> None:
+        call = parse_tool_call(self.config.tool_format, body.strip(), self._call_id(), self._tools)
+        if call is None:
+            self.malformed += 1
+            out.append(TextDelta(CALL_OPEN + body + CALL_CLOSE))
+        else:
+            out.append(ToolCallDone(call))
+        self._emitted = True
+        self._mode = _Mode.TEXT
+        self._at_start = True
+        self._newlines = 0
+
+    def _emit(self, text: str, out: list[ReplyEvent]) -> None:
+        if not text:
+            return
+        if self._at_start:
+            text = text.lstrip("\n")
+            if not text:
+                return
+        text = "\n" * self._newlines + text
+        core = text.rstrip("\n")
+        self._newlines = len(text) - len(core)
+        if core:
+            out.append(ReasoningDelta(core) if self._mode is _Mode.REASONING else TextDelta(core))
+            self._at_start = False
+            self._emitted = True
+
+
+def _earliest(text: str, markers: Sequence[str]) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for marker in markers:
+        at = text.find(marker)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, marker)
+    return best
+
+
+def _partial_marker_length(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that is the start of a marker."""
+    longest = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest
