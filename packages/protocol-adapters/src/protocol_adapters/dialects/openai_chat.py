@@ -19,6 +19,8 @@ from __future__ import annotations
 import secrets
 import time
 
+from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
+
 from protocol_adapters.types import (
     ClientSampling,
     ErrorKind,
@@ -30,7 +32,6 @@ from protocol_adapters.types import (
     TextDelta,
     Usage,
 )
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
 
 from .json_shape import (
     JsonObject,
