@@ -399,3 +399,21 @@ async def test_200_concurrent_generations_each_get_their_own_answer(tokenizer: A
         assert list(result.output_ids) == ids
         assert list(result.output_logprobs) == [logprob(i, t) for i, t in enumerate(ids)]
     assert double.connection_count <= 200
+
+
+async def test_streams_return_their_connection_to_the_pool(tokenizer: Any) -> None:
+    """The body's end may come after ``[DONE]``; the client waits for it (boundedly)."""
+    async with (
+        EngineDouble(
+            tokenizer, lambda ids: ScriptedReply(text="ok"), faults=Faults(linger_after_done=0.05)
+        ) as double,
+        engine_for(double.url, abort_timeout=1.0) as engine,
+    ):
+        for _ in range(5):
+            chunks = await collect(engine, request())
+            assert chunks[-1].finish_reason is FinishReason.STOP
+        assert double.connection_count == 1
+        double.faults = Faults(linger_after_done=3.0)  # longer than the drain allows
+        chunks = await collect(engine, request())
+        assert chunks[-1].finish_reason is FinishReason.STOP
+        assert double.aborts == []

@@ -150,10 +150,8 @@ class SGLangEngine:
                 done = False
                 while not done:
                     data = await self._within(response.content.readany(), deadline, idle)
-                    if not data:
-                        break
                     try:
-                        events = parser.feed(data)
+                        events = parser.feed(data) if data else parser.close()
                     except ValueError as exc:
                         raise malformed(request.rid, f"stream is not UTF-8 text: {exc}") from None
                     for event in events:
@@ -163,12 +161,16 @@ class SGLangEngine:
                         chunk = decoder.feed(_json_event(event, request.rid))
                         over = decoder.finished
                         yield chunk
+                    if not data:
+                        break
                 if not decoder.finished:
                     ending = "[DONE]" if done else "end of stream"
                     raise malformed(
                         request.rid,
                         f"{ending} after {decoder.tokens_seen} tokens without a finish reason",
                     )
+                if done:
+                    await self._drain(response)
             finally:
                 response.close()
         except aiohttp.ClientConnectorError as exc:
@@ -247,6 +249,18 @@ class SGLangEngine:
                 if idle_binds
                 else f"no complete answer within {self.config.request_timeout}s (request timeout)"
             ) from None
+
+    async def _drain(self, response: aiohttp.ClientResponse) -> None:
+        """Read the body's end after ``[DONE]`` so the connection goes back to the pool.
+
+        Bounded: a server that keeps the stream open past ``[DONE]`` only costs a connection.
+        """
+        try:
+            async with asyncio.timeout(self.config.abort_timeout):
+                while await response.content.readany():
+                    pass
+        except (TimeoutError, aiohttp.ClientError):
+            pass
 
     def _unreachable(self, request: GenerateRequest, exc: Exception) -> AdapterError:
         return AdapterError(

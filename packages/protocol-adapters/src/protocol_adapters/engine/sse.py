@@ -35,6 +35,15 @@ class SSEParser:
         del self._buffer[:start]
         return events
 
+    def close(self) -> list[str]:
+        """End of stream: a final line ended by a lone CR is complete; a half event is dropped."""
+        events: list[str] = []
+        if self._buffer.endswith(b"\r"):
+            self._line(bytes(self._buffer[:-1]), events)
+        self._buffer.clear()
+        self._data = []
+        return events
+
     @property
     def pending(self) -> bool:
         """True if bytes of an unfinished event are buffered."""

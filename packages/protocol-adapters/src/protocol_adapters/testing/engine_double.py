@@ -65,6 +65,7 @@ class Faults:
     - ``malformed``: corrupt the answer (non-streaming) or the first chunk.
     - ``drop_after_chunks``: close the TCP connection after this many chunks (0: before any
       byte of the answer; also applies to non-streaming answers, which have no chunks).
+    - ``linger_after_done``: seconds to keep a stream open after ``data: [DONE]``.
     """
 
     latency: float = 0.0
@@ -74,6 +75,7 @@ class Faults:
     error_message: str = "engine double: injected failure"
     malformed: Malformation | None = None
     drop_after_chunks: int | None = None
+    linger_after_done: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +388,8 @@ class EngineDouble:
             if last:
                 break
         await response.write(b"data: [DONE]\n\n")
+        if faults.linger_after_done > 0:
+            await asyncio.sleep(faults.linger_after_done)
         await response.write_eof()
         return response
 
