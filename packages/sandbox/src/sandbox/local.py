@@ -257,7 +257,9 @@ class LocalBackend:
             isolated=True,
             bwrap=bwrap,
             relay=relay,
-            endpoint_url=None,
+            endpoint_url=(
+                f"http://127.0.0.1:{spec.network.inside_port}" if spec.network is not None else None
+            ),
             keep_state=self.config.keep_state,
         )
         if spec.network is not None:
