@@ -57,6 +57,25 @@ def test_final_branch_keeps_the_sample_with_the_last_trained_turn() -> None:
     check_linearization(s, lin)
 
 
+def test_final_branch_trains_the_turns_it_shares_with_dropped_branches() -> None:
+    """The shared prefix was trained in a sample the policy drops: the final branch, which
+    holds it too, must train it rather than mask it as trained elsewhere."""
+    s = Session()
+    task = [system("main"), user("task")]
+    s.turn(prompt(*task), reply("plan"))
+    s.turn(prompt(*task, reply("plan"), user("try A")), reply("A"))
+    s.turn(prompt(*task, reply("plan"), user("try B")), reply("B"))
+    base = check_session(s)
+    assert [x.trained_turns for x in base.samples] == [(0, 1), (2,)]
+    lin = assign_reward(base, 1.0, rollout_id="ep", policy=RewardPolicy.FINAL_BRANCH)
+    (final,) = lin.samples
+    assert final.trained_turns == (0, 2)
+    assert final.prompt_length == s.tree.turns[0].prompt_length
+    assert LossReason.TRAINED_IN_OTHER_SAMPLE not in final.masked_tokens()
+    assert [(e.turn, e.reason) for e in lin.exclusions] == [(1, LossReason.NOT_FINAL_BRANCH)]
+    check_linearization(s, lin)
+
+
 def test_policy_names_are_accepted_and_unknown_ones_refused() -> None:
     base = check_session(three_branches())
     named = assign_reward(base, 1.0, rollout_id="ep", policy="final_branch")  # type: ignore[arg-type]
