@@ -126,7 +126,7 @@ async def test_generate_returns_the_engines_ids_and_logprobs_exactly(double: Eng
     ("incremental", "per_chunk"), [(False, 1), (False, 3), (True, 1), (True, 4)]
 )
 async def test_stream_yields_only_new_tokens_whatever_the_server_mode(
-    tokenizer: Any, incremental: bool, per_chunk: int
+    tokenizer: Any, incremental: bool, per_chunk: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with (
         EngineDouble(
@@ -148,6 +148,8 @@ async def test_stream_yields_only_new_tokens_whatever_the_server_mode(
     assert [c.completion_tokens for c in chunks][-1] == len(ids)
     assert double.requests[0].stream is True
     assert double.aborts == []
+    cumulative_warnings = [r for r in caplog.records if "cumulatively" in r.getMessage()]
+    assert len(cumulative_warnings) == (0 if incremental or len(chunks) == 1 else 1)
 
 
 async def test_max_new_tokens_ends_with_length(double: EngineDouble) -> None:

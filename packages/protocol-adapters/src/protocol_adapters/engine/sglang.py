@@ -63,6 +63,7 @@ class SGLangEngine:
         self._session: aiohttp.ClientSession | None = None
         self._pending_aborts: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._warned_cumulative = False
 
     async def __aenter__(self) -> Self:
         self._client()
@@ -171,6 +172,14 @@ class SGLangEngine:
                     )
                 if done:
                     await self._drain(response)
+                if decoder.cumulative and not self._warned_cumulative:
+                    self._warned_cumulative = True
+                    logger.warning(
+                        "the engine at %s streams token logprobs cumulatively: each chunk re-sends "
+                        "every earlier token (quadratic in the reply length); start SGLang with "
+                        "--incremental-streaming-output",
+                        self.config.base_url,
+                    )
             finally:
                 response.close()
         except aiohttp.ClientConnectorError as exc:

@@ -155,6 +155,8 @@ class StreamDecoder:
         self._logprobs: list[float] = []
         self._finished = False
         self._chunks = 0
+        self.cumulative = False
+        """True once a chunk repeated earlier tokens (the server streams cumulatively)."""
 
     @property
     def finished(self) -> bool:
@@ -179,6 +181,7 @@ class StreamDecoder:
             if tuple(self._ids) != step.ids[:seen] or tuple(self._logprobs) != step.logprobs[:seen]:
                 raise malformed(rid, f"{where}: cumulative logprobs rewrite earlier tokens")
             new_ids, new_logprobs = step.ids[seen:], step.logprobs[seen:]
+            self.cumulative = True
         elif len(step.ids) == total - seen:
             new_ids, new_logprobs = step.ids, step.logprobs
         else:
