@@ -359,6 +359,21 @@ async def test_dropped_connection_is_an_engine_error(double: EngineDouble, strea
     assert double.aborts == [req.rid]  # the engine may still be generating: stop it
 
 
+async def test_closing_the_engine_aborts_generations_still_running(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [REPLY] * 2, faults=Faults(hang=True)) as double:
+        engine = engine_for(double.url)
+        generating = asyncio.create_task(engine.generate(request()))
+        streaming = asyncio.create_task(collect(engine, request()))
+        while len(double.requests) < 2:
+            await asyncio.sleep(0.01)
+        await engine.aclose()
+        assert sorted(double.aborts) == sorted(r.rid for r in double.requests)
+        result = await generating  # the engine finished it as aborted before the pool closed
+        assert result.finish_reason is FinishReason.ABORT
+        chunks = await streaming
+        assert chunks[-1].finish_reason is FinishReason.ABORT
+
+
 async def test_a_closed_engine_refuses_calls(double: EngineDouble) -> None:
     engine = engine_for(double.url)
     await engine.aclose()

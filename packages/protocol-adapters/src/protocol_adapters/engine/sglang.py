@@ -20,6 +20,7 @@ when the trainer takes the memory back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
@@ -62,6 +63,8 @@ class SGLangEngine:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
         self._pending_aborts: set[asyncio.Task[None]] = set()
+        self._in_flight: set[str] = set()
+        self._all_done: asyncio.Event | None = None  # set by the last call to end, once closing
         self._closed = False
         self._warned_cumulative = False
 
@@ -78,8 +81,20 @@ class SGLangEngine:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Let in-flight aborts finish (each is bounded), then close the pool."""
+        """Abort generations still running, give their calls a moment to receive the aborted
+        results, let pending aborts finish, then close the pool.
+
+        Each step is bounded by ``abort_timeout``: closing never leaves a generation orphaned on
+        the engine unless the engine cannot be reached.
+        """
         self._closed = True
+        if self._session is not None and self._in_flight:
+            session = self._session
+            self._all_done = asyncio.Event()
+            await asyncio.gather(*(self._send_abort(session, rid) for rid in self._in_flight))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.abort_timeout):
+                    await self._all_done.wait()
         if self._pending_aborts:
             await asyncio.gather(*self._pending_aborts, return_exceptions=True)
         if self._session is not None:
@@ -92,6 +107,7 @@ class SGLangEngine:
         session = self._client()
         deadline = self._deadline()
         over = False  # True once the engine is known not to be generating for this rid
+        self._in_flight.add(request.rid)
         try:
             async with await self._within(
                 session.post(
@@ -123,6 +139,7 @@ class SGLangEngine:
         except aiohttp.ClientError as exc:
             raise self._dropped(request, exc) from exc
         finally:
+            self._ended(request.rid)
             if not over:
                 await self._abort_quietly(request.rid)
 
@@ -133,6 +150,7 @@ class SGLangEngine:
         decoder = StreamDecoder(request)
         parser = SSEParser()
         over = False
+        self._in_flight.add(request.rid)
         try:
             response = await self._within(
                 session.post(
@@ -193,6 +211,7 @@ class SGLangEngine:
         except aiohttp.ClientError as exc:
             raise self._dropped(request, exc) from exc
         finally:
+            self._ended(request.rid)
             if not over:
                 await self._abort_quietly(request.rid)
 
@@ -226,6 +245,11 @@ class SGLangEngine:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
             )
         return self._session
+
+    def _ended(self, rid: str) -> None:
+        self._in_flight.discard(rid)
+        if not self._in_flight and self._all_done is not None:
+            self._all_done.set()
 
     def _headers(self, request: GenerateRequest) -> dict[str, str]:
         if request.routing_key is None:
