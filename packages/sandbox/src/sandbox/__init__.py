@@ -1,3 +1,63 @@
 """Async sandboxes for agent episodes: local bubblewrap by default, E2B for scale."""
 
+from sandbox.e2b_backend import E2BBackend, E2BConfig
+from sandbox.errors import (
+    SandboxBootError,
+    SandboxClosedError,
+    SandboxCommandError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxUnavailableError,
+    UnsupportedSpecError,
+)
+from sandbox.git_diff import CapturedDiff, UnsafePatchError, apply_diff, capture_diff
+from sandbox.local import LocalBackend, LocalConfig
+from sandbox.protocol import Process, Sandbox, SandboxBackend
+from sandbox.result import ExecResult
+from sandbox.retry import RetryPolicy
+from sandbox.spec import (
+    DirectoryWorkspace,
+    EmptyWorkspace,
+    ForwardedEndpoint,
+    GitWorkspace,
+    ReadOnlyBind,
+    ResourceLimits,
+    SandboxSpec,
+)
+from sandbox.workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "CapturedDiff",
+    "CheckoutError",
+    "DirectoryWorkspace",
+    "E2BBackend",
+    "E2BConfig",
+    "EmptyWorkspace",
+    "ExecResult",
+    "ForwardedEndpoint",
+    "GitWorkspace",
+    "LocalBackend",
+    "LocalConfig",
+    "Process",
+    "ReadOnlyBind",
+    "ResourceLimits",
+    "RetryPolicy",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxBootError",
+    "SandboxClosedError",
+    "SandboxCommandError",
+    "SandboxError",
+    "SandboxFileNotFoundError",
+    "SandboxSpec",
+    "SandboxUnavailableError",
+    "SetupFailedError",
+    "UnsafePatchError",
+    "UnsupportedSpecError",
+    "apply_diff",
+    "capture_diff",
+    "checkout_repo",
+    "run_setup",
+]
