@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from protocol_adapters.tokenizer import Vocabulary
 
-_MAX_HELD_IDS = 8
-"""A UTF-8 character spans at most 4 bytes; past this many ids a U+FFFD is the model's own."""
+_MAX_SPLIT_IDS = 4
+"""A UTF-8 character spans at most 4 bytes, so at most 4 trailing ids can hold an unfinished one."""
 
 
 def strip_stop_ids(ids: Sequence[int], vocabulary: Vocabulary) -> Sequence[int]:
@@ -35,11 +35,16 @@ class IncrementalDecoder:
         self._held.extend(i for i in ids if i not in stops)
         if not self._held:
             return ""
-        text = self._vocabulary.decode(self._held)
-        if text.endswith("\ufffd") and len(self._held) < _MAX_HELD_IDS:
-            return ""
-        self._held.clear()
-        return text
+        held = self._held
+        for keep in range(min(_MAX_SPLIT_IDS, len(held) - 1) + 1):
+            text = self._vocabulary.decode(held[: len(held) - keep])
+            if not text.endswith("\ufffd"):
+                self._held = held[len(held) - keep :]
+                return text
+        if len(held) <= _MAX_SPLIT_IDS:
+            return ""  # all of it may still be one unfinished character
+        self._held = []
+        return self._vocabulary.decode(held)  # invalid bytes the model produced itself
 
     def finish(self) -> str:
         text = self._vocabulary.decode(self._held) if self._held else ""

@@ -70,7 +70,8 @@ class ReplyStream:
         self._buffer = ""
         self._newlines = 0
         self._at_start = True
-        self._emitted = False
+        # <think> opens reasoning only as the first thing in a reply (whitespace aside).
+        self._think_possible = self.config.reasoning and not reasoning_first
         self._finished = False
         self._events: list[ReplyEvent] = []
         self.malformed = 0
@@ -108,11 +109,21 @@ class ReplyStream:
     # -- the state machine ----------------------------------------------------------------------
 
     def _markers(self) -> tuple[str, ...]:
-        if self._mode is _Mode.REASONING:
-            return (THINK_CLOSE,)
-        if self.config.reasoning and not self._emitted:
-            return (CALL_OPEN, THINK_OPEN)
-        return (CALL_OPEN,)
+        return (THINK_CLOSE,) if self._mode is _Mode.REASONING else (CALL_OPEN,)
+
+    def _opens_with_think(self, *, final: bool) -> bool | None:
+        """At the start of a reply: True if it opens reasoning (consumed), None if it is too
+        early to tell (hold everything), False once it cannot any more."""
+        stripped = self._buffer.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self._buffer = stripped[len(THINK_OPEN) :]
+            self._think_possible = False
+            self._switch(THINK_OPEN)
+            return True
+        if not final and THINK_OPEN.startswith(stripped):
+            return None
+        self._think_possible = False
+        return False
 
     def _drain(self, out: list[ReplyEvent], *, final: bool) -> None:
         while True:
@@ -124,6 +135,8 @@ class ReplyStream:
                 self._buffer = self._buffer[end + len(CALL_CLOSE) :]
                 self._close_call(body, out)
                 continue
+            if self._think_possible and self._opens_with_think(final=final) is None:
+                return
             markers = self._markers()
             found = _earliest(self._buffer, markers)
             if found is not None:
@@ -154,7 +167,6 @@ class ReplyStream:
             out.append(TextDelta(CALL_OPEN + body + CALL_CLOSE))
         else:
             out.append(ToolCallDone(call))
-        self._emitted = True
         self._mode = _Mode.TEXT
         self._at_start = True
         self._newlines = 0
@@ -172,7 +184,6 @@ class ReplyStream:
         if core:
             out.append(ReasoningDelta(core) if self._mode is _Mode.REASONING else TextDelta(core))
             self._at_start = False
-            self._emitted = True
 
 
 def _earliest(text: str, markers: Sequence[str]) -> tuple[int, str] | None:

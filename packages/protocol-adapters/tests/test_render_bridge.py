@@ -1,0 +1,335 @@
+"""The bridge against full renders, turn by turn, with the real Qwen3 vocabulary.
+
+Each scenario drives a real ``SessionTree`` the way the server will: route, render, "generate"
+(scripted Qwen3-format output encoded with the real tokenizer: the engine double's job), parse,
+record, echo the reply back as the client does. On every turn the renderer runs in check mode and
+the ids it sends are compared with transformers' ``apply_chat_template(tokenize=True)`` of the
+same conversation: equal, because the scripted outputs are what the template would print.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+from protocol_adapters.parsing import BuiltinReplyParser
+from protocol_adapters.rendering import ChatTemplate, Renderer, RendererConfig, qwen3_template
+from protocol_adapters.rendering.renderer import ENDS_ON_REPLY, FAILED_CHECK
+from protocol_adapters.rendering.template_messages import template_messages, template_tools
+from protocol_adapters.tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
+from protocol_adapters.types import AdapterError
+from trajectory_tree import (
+    BridgedPrompt,
+    Completion,
+    FinishReason,
+    FullPrompt,
+    LossReason,
+    Media,
+    Message,
+    Prompt,
+    SessionTree,
+    Text,
+    ToolCall,
+    ToolSpec,
+    linearize,
+)
+from transformers import PreTrainedTokenizerFast
+
+TOOLS = (
+    ToolSpec(
+        "bash",
+        "Run a shell command.",
+        json.dumps({"type": "object", "properties": {"command": {"type": "string"}}}),
+    ),
+    ToolSpec(
+        "read_file",
+        "Read a file.",
+        json.dumps({"type": "object", "properties": {"path": {"type": "string"}}}),
+    ),
+)
+CHECK_ALL = RendererConfig(check_sample_rate=1.0)
+
+
+@pytest.fixture(scope="module")
+def qwen(request: pytest.FixtureRequest) -> Vocabulary:
+    return load_qwen3_vocabulary(QwenTokenizerConfig(request.config.cache.mkdir("qwen3-tokenizer")))
+
+
+@pytest.fixture(scope="module")
+def hf(qwen: Vocabulary) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(tokenizer_object=qwen.tokenizer)
+
+
+def qwen_output(
+    text: str = "", reasoning: str = "", calls: Sequence[tuple[str, dict[str, object]]] = ()
+) -> str:
+    """What a Qwen3 model prints for a reply (without the end token)."""
+    out = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
+    out += text
+    for index, (name, arguments) in enumerate(calls):
+        if text or index:
+            out += "\n"
+        payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        out += f"<tool_call>\n{payload}\n</tool_call>"
+    return out
+
+
+def hf_full_ids(
+    hf: PreTrainedTokenizerFast, template: ChatTemplate, prompt: Prompt, gen: bool = True
+) -> list[int]:
+    ids = hf.apply_chat_template(
+        template_messages(prompt.messages),
+        tools=list(template_tools(tuple(prompt.tools))) or None,
+        chat_template=template.source,
+        add_generation_prompt=gen,
+        tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)
+
+
+@dataclass
+class Session:
+    """A client + engine double around one tree: what the server will do per turn."""
+
+    renderer: Renderer
+    vocabulary: Vocabulary
+    tools: Sequence[ToolSpec] = TOOLS
+    tree: SessionTree = field(default_factory=SessionTree)
+    messages: list[Message] = field(default_factory=list)
+
+    def turn(
+        self, new: Sequence[Message], output: str, *, end_token: bool = True
+    ) -> tuple[list[int], BridgedPrompt | FullPrompt, Message]:
+        self.messages.extend(new)
+        prompt = Prompt(tuple(self.messages), tuple(self.tools))
+        route = self.tree.route(prompt)
+        rendered = self.renderer.render(route)
+        output_ids = self.vocabulary.encode(output)
+        if end_token:
+            output_ids.append(self.vocabulary.token_id("<|im_end|>"))
+        finish = FinishReason.STOP if end_token else FinishReason.LENGTH
+        reply = BuiltinReplyParser(tools=self.tools).parse_ids(output_ids, self.vocabulary).message
+        completion = Completion(output_ids, [-0.5] * len(output_ids), finish)
+        turn = self.tree.record(route, rendered.prompt, completion, reply)
+        assert list(self.tree.prompt_ids(turn)) == rendered.ids
+        self.messages.append(reply)
+        return rendered.ids, rendered.prompt, reply
+
+
+def tool_result(reply: Message, index: int, text: str) -> Message:
+    return Message("tool", (Text(text),), tool_call_id=reply.tool_calls[index].id)
+
+
+def test_multi_turn_bridge_equals_full_render_every_turn(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    template = qwen3_template()
+    renderer = Renderer(qwen, template, CHECK_ALL)
+    session = Session(renderer, qwen)
+    sent_prompts: list[tuple[list[int], BridgedPrompt | FullPrompt]] = []
+
+    def turn(new: list[Message], output: str) -> Message:
+        sent, prompt, reply = session.turn(new, output)
+        sent_prompts.append((sent, prompt))
+        expected = hf_full_ids(hf, template, Prompt(tuple(session.messages[:-1]), TOOLS))
+        assert sent == expected, f"turn {len(sent_prompts)}"
+        return reply
+
+    def results(reply: Message) -> list[Message]:  # parallel results, grouped in one turn
+        return [
+            tool_result(reply, i, f"result {i}\n  line two") for i in range(len(reply.tool_calls))
+        ]
+
+    reply = turn(
+        [Message.text("system", "You are a careful coding agent."), Message.text("user", "Fix it")],
+        qwen_output(
+            "Let me look.", "The test fails; read it first.", [("bash", {"command": "ls"})]
+        ),
+    )
+    reply = turn(
+        results(reply),
+        qwen_output("", "", [("read_file", {"path": "a.py"}), ("bash", {"command": "pytest -x"})]),
+    )
+    reply = turn(
+        [
+            *results(reply),
+            Message.text("system", "Note: 5 minutes left."),
+            Message.text("user", "go"),
+        ],
+        qwen_output("Running tests.", "Results look fine.", [("bash", {"command": "pytest"})]),
+    )
+    reply = turn(results(reply), qwen_output("Done: the off-by-one is fixed.", "Both pass now."))
+    turn([Message.text("user", "thanks 🦜 — ünïcödé")], qwen_output("You're welcome."))
+    assert all(isinstance(prompt, BridgedPrompt) for _, prompt in sent_prompts)
+    stats = renderer.stats
+    assert (stats.bridged, stats.checked, stats.mismatches, stats.full_renders) == (5, 5, 0, 0)
+    sample = linearize(session.tree).samples
+    assert len(sample) == 1  # one lineage: every turn extended the previous one's tokens
+
+
+def test_scaffold_after_length_stop_and_segments(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    session = Session(renderer, qwen)
+    _, first, reply = session.turn(
+        [Message.text("user", "go")], qwen_output("", "", [("bash", {"command": "ls"})])
+    )
+    assert isinstance(first, BridgedPrompt)
+    assert {s.reason for s in first.segments} >= {LossReason.CONTEXT, LossReason.TEMPLATE_SCAFFOLD}
+    # The engine stops on the length limit, without <|im_end|>: the template's whole close is owed.
+    _, _, reply = session.turn([tool_result(reply, 0, "a.py b.py")], "I will now", end_token=False)
+    sent, second, _ = session.turn([Message.text("user", "continue")], "ok")
+    assert isinstance(second, BridgedPrompt)
+    scaffold = second.segments[0]
+    assert scaffold.reason is LossReason.TEMPLATE_SCAFFOLD
+    assert qwen.decode(scaffold.ids) == "<|im_end|>\n"
+    assert sent == hf_full_ids(hf, qwen3_template(), Prompt(tuple(session.messages[:-1]), TOOLS))
+    assert renderer.stats.mismatches == 0
+
+    # After a normal end of turn only the newline is owed; the tool result is labelled as such.
+    fresh = Session(Renderer(qwen, qwen3_template(), CHECK_ALL), qwen)
+    _, _, reply = fresh.turn(
+        [Message.text("user", "go")], qwen_output("", "", [("bash", {"command": "ls"})])
+    )
+    _, bridged, _ = fresh.turn([tool_result(reply, 0, "file listing")], "fine")
+    assert isinstance(bridged, BridgedPrompt)
+    assert qwen.decode(bridged.segments[0].ids) == "\n"
+    decoded = {qwen.decode(s.ids): s.reason for s in bridged.segments}
+    assert decoded["file listing"] is LossReason.TOOL_OUTPUT
+    assert decoded["<|im_start|>user\n<tool_response>\n"] is LossReason.TEMPLATE_SCAFFOLD
+    assert qwen.decode(bridged.generation_prompt) == "<|im_start|>assistant\n"
+
+
+def test_echo_reserialized_by_client_keeps_engine_tokens(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    """Claude Code re-serializes tool arguments; the bridge keeps the engine's ids, where a full
+    re-render would drift."""
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    session = Session(renderer, qwen)
+    _, _, reply = session.turn(
+        [Message.text("user", "go")], qwen_output("", "", [("bash", {"command": "ls -la"})])
+    )
+    call = reply.tool_calls[0]
+    echoed = Message("assistant", (ToolCall(call.id, call.name, '{"command":"ls -la"}'),))
+    session.messages[-1] = echoed
+    sent, prompt, _ = session.turn([tool_result(reply, 0, "x")], "ok")
+    assert isinstance(prompt, BridgedPrompt)
+    full = hf_full_ids(hf, qwen3_template(), Prompt(tuple(session.messages[:-1]), TOOLS))
+    assert sent != full  # the re-render would have trained on re-serialized JSON
+    first = session.tree.turns[0]
+    before = [*session.tree.prompt_ids(first), *session.tree.output_ids(first)]
+    assert sent[: len(before)] == before  # the engine's own ids, verbatim
+    assert renderer.stats.mismatches == 0
+
+
+# A template that rewrites history the way Qwen3's own does: reasoning of assistant turns before
+# the last user message disappears once a new user message arrives.
+REWRITING = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{{- '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' and m.reasoning_content and loop.index0 > ns.last_user %}"
+    "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- m.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_history_rewriting_template_falls_back_and_is_counted(qwen: Vocabulary) -> None:
+    renderer = Renderer(qwen, ChatTemplate("rewriting", REWRITING), CHECK_ALL)
+    session = Session(renderer, qwen, tools=())
+    _, first, _ = session.turn([Message.text("user", "q1")], qwen_output("a1", "thinking hard"))
+    assert isinstance(first, BridgedPrompt)
+    _, second, _ = session.turn([Message.text("user", "q2")], qwen_output("a2", "more"))
+    assert isinstance(second, FullPrompt)
+    assert second.reason == FAILED_CHECK
+    stats = renderer.stats
+    assert stats.mismatches == 1
+    assert "history" in (stats.last_mismatch or "")
+    assert not renderer.proven
+    _, third, _ = session.turn([Message.text("user", "q3")], "a3")
+    assert isinstance(third, FullPrompt)
+    assert renderer.stats.fallbacks == {FAILED_CHECK: 2}
+    # The tree recorded the unproven turns as re-rendered history, never as trained tokens.
+    assert [t.rerendered for t in session.tree.turns][1:] == [FAILED_CHECK, FAILED_CHECK]
+
+
+def test_tool_result_after_tool_result_cannot_bridge_grouping_template(qwen: Vocabulary) -> None:
+    """Our template closes a tool group only after its last result: a request that adds a result
+    after a recorded one is not an append, so it is rendered in full (and counted)."""
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    tree = SessionTree()
+    call = ToolCall("call_1", "bash", '{"command": "ls"}')
+    history = [
+        Message.text("user", "go"),
+        Message("assistant", (call,)),
+        Message("tool", (Text("one"),), tool_call_id="call_1"),
+    ]
+    route = tree.route(Prompt(tuple(history), TOOLS))
+    rendered = renderer.render(route)
+    tree.record(
+        route,
+        rendered.prompt,
+        Completion([1], [-0.1], FinishReason.STOP),
+        Message.text("assistant", "x"),
+    )
+    longer = Prompt((*history, Message("tool", (Text("two"),), tool_call_id="call_1")), TOOLS)
+    again = renderer.render(tree.route(longer))
+    assert isinstance(again.prompt, FullPrompt)
+    assert "after a tool message" in again.prompt.reason
+    assert renderer.stats.full_renders == 1
+
+
+def test_request_ending_on_the_reply_is_rendered_in_full(qwen: Vocabulary) -> None:
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    session = Session(renderer, qwen)
+    session.turn([Message.text("user", "go")], "hello")
+    route = session.tree.route(Prompt(tuple(session.messages), TOOLS))
+    rendered = renderer.render(route)
+    assert isinstance(rendered.prompt, FullPrompt)
+    assert rendered.prompt.reason == ENDS_ON_REPLY
+
+
+def test_count_tokens_is_the_full_prompt_length(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    renderer = Renderer(qwen, qwen3_template())
+    prompt = Prompt((Message.text("system", "s"), Message.text("user", "count me")), TOOLS)
+    assert renderer.count_tokens(prompt) == len(hf_full_ids(hf, renderer.template, prompt))
+
+
+def test_media_is_a_clear_error(qwen: Vocabulary) -> None:
+    renderer = Renderer(qwen, qwen3_template())
+    prompt = Prompt((Message("user", (Media("image/png", "aGk="),)),))
+    with pytest.raises(AdapterError, match="image/png"):
+        renderer.render(SessionTree().route(prompt))
+
+
+def test_renderer_is_safe_across_threads(qwen: Vocabulary) -> None:
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    results: list[list[int]] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        prompt = Prompt((Message.text("user", f"thread {i % 3}"),), TOOLS)
+        ids = renderer.render(SessionTree().route(prompt)).ids
+        with lock:
+            results.append(ids)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({tuple(r) for r in results}) == 3
+    assert renderer.stats.bridged == 12
+    assert renderer.stats.mismatches == 0
