@@ -62,19 +62,31 @@ def expect_str(value: object, path: str) -> str:
     return value
 
 
+_MISSING = object()
+
+
 def require(obj: JsonObject, key: str, path: str) -> object:
-    if key not in obj:
+    value = obj.get(key, _MISSING)
+    if value is _MISSING:
         fail(at(path, key), "field required")
-    return obj[key]
+    return value
 
 
 def required_str(obj: JsonObject, key: str, path: str) -> str:
-    return expect_str(require(obj, key, path), at(path, key))
+    # Hot path: the error path string is only built when there is an error.
+    value = obj.get(key, _MISSING)
+    if isinstance(value, str):
+        return value
+    if value is _MISSING:
+        fail(at(path, key), "field required")
+    fail(at(path, key), f"expected a string, got {kind_of(value)}")
 
 
 def optional_str(obj: JsonObject, key: str, path: str) -> str | None:
     value = obj.get(key)
-    return None if value is None else expect_str(value, at(path, key))
+    if value is None or isinstance(value, str):
+        return value
+    fail(at(path, key), f"expected a string, got {kind_of(value)}")
 
 
 def optional_bool(obj: JsonObject, key: str, path: str) -> bool | None:
