@@ -264,6 +264,8 @@ class EngineDouble:
         except asyncio.CancelledError:
             self.disconnects.append(received.rid)
             raise
+        finally:
+            self._abort_events.pop(received.rid, None)
 
     # -- generation ----------------------------------------------------------------------------
 
