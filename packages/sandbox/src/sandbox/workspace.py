@@ -3,9 +3,10 @@
 Checkout method, measured (tools/bench/sandbox_bench.py, checkout table, 3000 files): `git
 clone --shared` + detached checkout ~600 ms, within noise of `git worktree add` and a
 hard-linked `clone --local` (writing the working tree dominates all three), and about half a
-full copy's time; it is the one of them that is safe to hand to an agent. A worktree would write the agent's index and HEAD into the
-source repository's own `.git/worktrees/`, and a hard-linked `clone --local` lets the
-sandbox's root rewrite object files shared with the source. A shared clone has its own
+full copy's time; it is the one of them that is safe to hand to an agent. A worktree would
+write the agent's index and HEAD into the source repository's own `.git/worktrees/`, and a
+hard-linked `clone --local` lets the sandbox's root rewrite object files shared with the
+source. A shared clone has its own
 `.git`; it only reads the source's object store, which the local backend mounts read-only
 inside the sandbox at the same absolute path so the alternates link resolves there too.
 
