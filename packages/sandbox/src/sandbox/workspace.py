@@ -81,9 +81,10 @@ def checkout_repo(source: Path, commit: str, dest: Path) -> Checkout:
         raise CheckoutError(f"source repository does not exist: {source}")
     if dest.exists() and any(dest.iterdir()):
         raise CheckoutError(f"checkout destination is not empty: {dest}")
-    full = _git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=source)
-    if not full:
-        raise CheckoutError(f"commit {commit!r} not found in {source}")
+    try:
+        full = _git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=source)
+    except CheckoutError as error:
+        raise CheckoutError(f"commit {commit!r} not found in {source}") from error
     common = Path(_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=source))
     _git(["clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest)])
     _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", full], cwd=dest)
