@@ -1,0 +1,90 @@
+"""The Harness interface: install a pinned CLI, plan its launch for an endpoint, run it.
+
+A harness is the knowledge about one agent CLI and nothing else: which npm package, which
+files, environment and argv point it at the adapter, and how to read its event stream.
+Installing, mounting, starting, budgeting and collecting output are shared, so a new
+harness is one subclass implementing `launch` and `new_tally` (see the README).
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path, PurePosixPath
+from typing import ClassVar
+
+from sandbox.protocol import Sandbox
+
+from harness.config import AgentEndpoint, InstallConfig, NpmCli
+from harness.errors import LaunchError
+from harness.events import EventStats, EventTally, summarize_file
+from harness.install import InstalledCli, install_cli
+from harness.launch import Launch
+from harness.mount import CliMount
+from harness.run import AgentRun, run_launch
+
+#: Where per-run state (a fresh HOME, config files) is created inside the sandbox. Not under
+#: /tmp: Codex refuses to set up its helper binaries under the temporary directory.
+DEFAULT_STATE_ROOT = PurePosixPath("/var/tmp/agent-rl")
+
+
+class Harness(ABC):
+    """One agent CLI. Subclasses are frozen dataclasses holding a `cli` pin and options."""
+
+    name: ClassVar[str]
+    cli: NpmCli
+
+    @abstractmethod
+    def launch(
+        self,
+        *,
+        bin_path: PurePosixPath,
+        endpoint: AgentEndpoint,
+        task: str,
+        state_dir: PurePosixPath,
+    ) -> Launch:
+        """Plan one run: `bin_path` is the CLI inside the sandbox; `state_dir` is fresh and
+        private to this run (put HOME and config files under it)."""
+
+    @abstractmethod
+    def new_tally(self) -> EventTally:
+        """A fresh accumulator for this CLI's event stream."""
+
+    async def install(self, config: InstallConfig) -> InstalledCli:
+        """Install (once per host) and verify the pinned CLI."""
+        return await install_cli(self.cli, config)
+
+    def summarize(self, events_path: Path) -> EventStats:
+        """Summarize an event stream file this CLI wrote."""
+        return summarize_file(events_path, self.new_tally())
+
+    async def run(
+        self,
+        sandbox: Sandbox,
+        cli: CliMount,
+        endpoint: AgentEndpoint,
+        task: str,
+        *,
+        budget: float,
+        output_dir: Path,
+        cwd: str | None = None,
+        state_root: PurePosixPath = DEFAULT_STATE_ROOT,
+    ) -> AgentRun:
+        """Run the agent on `task` in `cwd` (default: the sandbox workspace) for at most
+        `budget` seconds. Never raises for what the agent did; only for bad input or a
+        sandbox failure."""
+        if cli.installed.cli != self.cli:
+            raise LaunchError(f"{self.name} pins {self.cli.spec}, got {cli.installed.cli.spec}")
+        if not task.strip():
+            raise LaunchError("empty task")
+        state_dir = state_root / f"{self.name}-{uuid.uuid4().hex}"
+        plan = self.launch(bin_path=cli.bin_path, endpoint=endpoint, task=task, state_dir=state_dir)
+        return await run_launch(
+            sandbox,
+            plan,
+            harness=self.name,
+            tally=self.new_tally(),
+            budget=budget,
+            output_dir=output_dir,
+            cwd=cwd,
+        )

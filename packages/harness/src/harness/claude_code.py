@@ -1,0 +1,157 @@
+"""Claude Code (`@anthropic-ai/claude-code`) configured to talk only to the adapter.
+
+Every setting below is a measured fact from CLIENTS.md: the auth token variable that
+becomes `Authorization: Bearer`, the variables that silence side traffic and the
+per-request attribution header (its hash would change the system prompt every turn), every
+model alias pointed at the policy (so a sub-agent asking for "haiku" still reaches it), and
+the compaction window set to the engine's real context length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, ClassVar
+
+from harness.base import Harness
+from harness.config import AgentEndpoint, NpmCli
+from harness.events import EventTally, as_dict, as_list, as_str
+from harness.launch import Launch
+
+CLAUDE_CODE_CLI = NpmCli("@anthropic-ai/claude-code", "2.1.330", bin="claude")
+
+#: Host variables that would authenticate or route Claude Code elsewhere.
+_UNSET = (
+    "ANTHROPIC_API_KEY",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "CLAUDE_CONFIG_DIR",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "ANTHROPIC_CUSTOM_HEADERS",
+)
+
+_MODEL_VARIABLES = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
+
+#: The model name Claude Code gives its own synthetic (not model-generated) messages.
+_SYNTHETIC_MODEL = "<synthetic>"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaudeCode(Harness):
+    """Claude Code in print mode (`-p`), streaming its events as JSON lines.
+
+    max_turns: Claude Code's own turn cap (`--max-turns`); None leaves only our budget.
+    """
+
+    name: ClassVar[str] = "claude-code"
+    cli: NpmCli = CLAUDE_CODE_CLI
+    max_turns: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+
+    def environment(self, endpoint: AgentEndpoint, home: PurePosixPath) -> dict[str, str]:
+        env = {
+            "ANTHROPIC_BASE_URL": endpoint.root,
+            "ANTHROPIC_AUTH_TOKEN": endpoint.token,
+            # Skipping permission prompts is refused as root unless the CLI knows it is sandboxed.
+            "IS_SANDBOX": "1",
+            "HOME": str(home),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+            "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+            "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(endpoint.context_window),
+        }
+        env.update(dict.fromkeys(_MODEL_VARIABLES, endpoint.model))
+        return env
+
+    def argv(self, bin_path: PurePosixPath, endpoint: AgentEndpoint, task: str) -> list[str]:
+        argv = [
+            str(bin_path),
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--dangerously-skip-permissions",
+            "--model",
+            endpoint.model,
+        ]
+        if self.max_turns is not None:
+            argv += ["--max-turns", str(self.max_turns)]
+        # After `--` a task that begins with "-" is still the prompt, never an option.
+        return [*argv, "--", task]
+
+    def launch(
+        self,
+        *,
+        bin_path: PurePosixPath,
+        endpoint: AgentEndpoint,
+        task: str,
+        state_dir: PurePosixPath,
+    ) -> Launch:
+        home = state_dir / "home"
+        return Launch(
+            argv=tuple(self.argv(bin_path, endpoint, task)),
+            env=self.environment(endpoint, home),
+            unset_env=_UNSET,
+            dirs=(str(home),),
+        )
+
+    def new_tally(self) -> EventTally:
+        return ClaudeCodeTally()
+
+
+class ClaudeCodeTally(EventTally):
+    """Reads `--output-format stream-json --verbose` events.
+
+    One model reply arrives as several `assistant` events (one per content block) sharing
+    the message id, so replies and tool calls are counted by distinct id. The final
+    `result` event carries the answer, or `is_error` with the reason.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._replies: set[str] = set()
+        self._tool_ids: set[str] = set()
+
+    def observe(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "assistant":
+            self._observe_reply(as_dict(event.get("message")))
+        elif kind == "result":
+            self._observe_result(event)
+
+    def _observe_reply(self, message: Mapping[str, Any]) -> None:
+        message_id = as_str(message.get("id"))
+        if message_id is None or message.get("model") == _SYNTHETIC_MODEL:
+            return
+        self._replies.add(message_id)
+        self.turns = len(self._replies)
+        for item in as_list(message.get("content")):
+            block = as_dict(item)
+            tool_id = as_str(block.get("id"))
+            if block.get("type") == "tool_use" and tool_id is not None:
+                self._tool_ids.add(tool_id)
+        self.tool_calls = len(self._tool_ids)
+
+    def _observe_result(self, event: Mapping[str, Any]) -> None:
+        text = as_str(event.get("result"))
+        if event.get("is_error") is True:
+            reasons = [r for r in as_list(event.get("errors")) if isinstance(r, str)]
+            subtype = as_str(event.get("subtype")) or "error"
+            self.error = "; ".join(reasons) or text or subtype
+            self.result_text = None
+        else:
+            self.result_text = text
+            self.error = None

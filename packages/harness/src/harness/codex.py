@@ -1,0 +1,176 @@
+"""Codex (`@openai/codex`) configured to talk only to the adapter.
+
+Codex reads its provider from `$CODEX_HOME/config.toml`. The built-in openai provider is
+never used: it ignores base-URL overrides and retries the public API forever. A custom
+provider speaks `wire_api = "responses"` (the only one left) and sends the session token,
+taken from the variable named by `env_key`, as a Bearer token. The model name must be one
+Codex does not know; a catalog name would switch it to a tool-less "code mode".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, ClassVar
+
+from harness.base import Harness
+from harness.config import AgentEndpoint, NpmCli
+from harness.events import EventTally, as_dict, as_str
+from harness.launch import Launch
+
+CODEX_CLI = NpmCli("@openai/codex", "0.169.0", bin="codex")
+
+#: Host variables that would authenticate or route Codex elsewhere.
+_UNSET = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY", "CODEX_HOME")
+
+#: Item types of `codex exec --json` that are messages or notices, not tool invocations.
+_NON_TOOL_ITEMS = frozenset({"agent_message", "reasoning", "error", "user_message"})
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string: JSON's escapes (\\", \\\\, \\n, \\uXXXX) are all valid TOML."""
+    return json.dumps(value, ensure_ascii=True)
+
+
+def _toml_key(value: str) -> str:
+    if not value or not all(c.isascii() and (c.isalnum() or c in "_-") for c in value):
+        raise ValueError(f"not a bare TOML key: {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Codex(Harness):
+    """`codex exec` with JSON events, approvals and its own sandbox bypassed (ours is the
+    isolation; Codex's own sandboxed modes fail inside it).
+
+    auto_compact_ratio: compaction triggers at this fraction of the context window, leaving
+    room for the reply. features: `[features]` switches; `plugins = false` is always set
+    (plugin sync is network traffic), the defaults also drop the goal and multi-agent tools.
+    """
+
+    name: ClassVar[str] = "codex"
+    cli: NpmCli = CODEX_CLI
+    provider: str = "agent_rl"
+    token_variable: str = "AGENT_RL_SESSION_TOKEN"
+    auto_compact_ratio: float = 0.9
+    features: Mapping[str, bool] = field(
+        default_factory=lambda: {"goals": False, "multi_agent": False}
+    )
+
+    def __post_init__(self) -> None:
+        _toml_key(self.provider)
+        if self.provider == "openai":
+            raise ValueError("the built-in openai provider must never be used")
+        if not 0 < self.auto_compact_ratio <= 1:
+            raise ValueError(f"auto_compact_ratio must be in (0, 1], got {self.auto_compact_ratio}")
+        if not self.token_variable.isidentifier():
+            raise ValueError(f"not an environment variable name: {self.token_variable!r}")
+        for key in self.features:
+            _toml_key(key)
+        if self.features.get("plugins", False):
+            raise ValueError("plugins must stay disabled (they fetch from the network)")
+
+    def config_toml(self, endpoint: AgentEndpoint) -> str:
+        window = endpoint.context_window
+        compact_at = max(1, int(window * self.auto_compact_ratio))
+        features = {"plugins": False, **self.features}
+        lines = [
+            f"model = {_toml_string(endpoint.model)}",
+            f"model_provider = {_toml_string(self.provider)}",
+            f"model_context_window = {window}",
+            f"model_auto_compact_token_limit = {compact_at}",
+            'web_search = "disabled"',
+            "",
+            f"[model_providers.{self.provider}]",
+            'name = "agent-rl adapter"',
+            f"base_url = {_toml_string(endpoint.root + '/v1')}",
+            f"env_key = {_toml_string(self.token_variable)}",
+            'wire_api = "responses"',
+            "",
+            "[analytics]",
+            "enabled = false",
+            "",
+            "[features]",
+            *(f"{key} = {'true' if on else 'false'}" for key, on in features.items()),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def environment(
+        self, endpoint: AgentEndpoint, home: PurePosixPath, codex_home: PurePosixPath
+    ) -> dict[str, str]:
+        return {
+            "HOME": str(home),
+            "CODEX_HOME": str(codex_home),
+            self.token_variable: endpoint.token,
+        }
+
+    def argv(self, bin_path: PurePosixPath, task: str) -> list[str]:
+        return [
+            str(bin_path),
+            "exec",
+            "--skip-git-repo-check",
+            "--json",
+            "--dangerously-bypass-approvals-and-sandbox",
+            # After `--` a task that begins with "-" is still the prompt, never an option.
+            "--",
+            task,
+        ]
+
+    def launch(
+        self,
+        *,
+        bin_path: PurePosixPath,
+        endpoint: AgentEndpoint,
+        task: str,
+        state_dir: PurePosixPath,
+    ) -> Launch:
+        home = state_dir / "home"
+        codex_home = state_dir / "codex-home"
+        return Launch(
+            argv=tuple(self.argv(bin_path, task)),
+            env=self.environment(endpoint, home, codex_home),
+            unset_env=_UNSET,
+            dirs=(str(home), str(codex_home)),
+            files={str(codex_home / "config.toml"): self.config_toml(endpoint)},
+        )
+
+    def new_tally(self) -> EventTally:
+        return CodexTally()
+
+
+class CodexTally(EventTally):
+    """Reads `codex exec --json` events.
+
+    Model requests are not visible one by one, so `turns` counts `turn.started`. Every
+    item that is not a message, reasoning or a notice is a tool invocation
+    (command_execution, file_change, mcp_tool_call, ...), counted once by item id. The
+    last `agent_message` is the answer; `turn.failed` or a top-level `error` the failure.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tool_ids: set[str] = set()
+
+    def observe(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "turn.started":
+            self.turns += 1
+        elif kind in {"item.started", "item.updated", "item.completed"}:
+            self._observe_item(as_dict(event.get("item")), completed=kind == "item.completed")
+        elif kind == "turn.failed":
+            self.error = as_str(as_dict(event.get("error")).get("message")) or "turn failed"
+        elif kind == "error":
+            self.error = as_str(event.get("message")) or "error"
+
+    def _observe_item(self, item: Mapping[str, Any], *, completed: bool) -> None:
+        item_type = as_str(item.get("type"))
+        item_id = as_str(item.get("id"))
+        if item_type is None:
+            return
+        if item_type not in _NON_TOOL_ITEMS and item_id is not None:
+            self._tool_ids.add(item_id)
+            self.tool_calls = len(self._tool_ids)
+        elif item_type == "agent_message" and completed:
+            self.result_text = as_str(item.get("text"))
