@@ -203,6 +203,11 @@ def test_inconsistent_completions_are_refused(ids: list[int], logprobs: list[flo
         Completion(ids, logprobs, FinishReason.STOP)
 
 
+def test_rounding_above_zero_is_kept_as_returned() -> None:
+    completion = Completion([7], [1e-7], FinishReason.STOP)
+    assert completion.output_logprobs == [1e-7]
+
+
 def _refusals(s: Session) -> dict[str, Callable[[], object]]:
     tree = s.tree
     new = tree.route(prompt(*AFTER))

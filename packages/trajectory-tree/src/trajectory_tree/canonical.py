@@ -13,10 +13,19 @@ import json
 from .messages import Block, Message, Reasoning, ToolCall
 
 
+def _number(text: str) -> int | float:
+    # JavaScript clients (Claude Code) re-serialize 60000.0 as 60000: one JSON number either way.
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
 def canonical_json(text: str) -> str:
-    """JSON text with sorted keys and no insignificant whitespace; the input if it is not JSON."""
+    """JSON text with sorted keys and no insignificant whitespace; the input if it is not JSON.
+
+    Integral floats are written as integers, since a JavaScript client cannot tell them apart.
+    """
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_float=_number)
     except (ValueError, RecursionError):
         return text
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

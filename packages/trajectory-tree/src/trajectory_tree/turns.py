@@ -12,6 +12,11 @@ from .messages import Message
 from .reasons import FinishReason
 
 
+LOGPROB_ROUNDING = 1e-4
+"""Engines compute log-softmax in low precision; a certain token can come back as +1e-7. Such
+values are kept as returned; anything larger is not a log-probability and is refused."""
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """The engine's answer: output ids and their logprobs exactly as generated."""
@@ -27,7 +32,7 @@ class Completion:
                 f"{len(self.output_ids)} output ids but {len(self.output_logprobs)} logprobs"
             )
         for lp in self.output_logprobs:
-            if math.isnan(lp) or lp > 0.0:
+            if math.isnan(lp) or lp > LOGPROB_ROUNDING:
                 raise InvalidTurn(f"logprob {lp!r} is not a log-probability")
 
 
