@@ -54,6 +54,7 @@ class TemplateContext:
         self._base_text: dict[Role | None, str] = {}
         self._headers: dict[tuple[Role | None, Role], str | None] = {}
         self._generation_prompt: str | None = None
+        self.generation_ids: list[int] | None = None
         self._assistant_tail: str | None = None
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:

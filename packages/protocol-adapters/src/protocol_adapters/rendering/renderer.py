@@ -116,7 +116,7 @@ class Renderer:
         if not new:
             if turn is not None:
                 return self.render_full(prompt, ENDS_ON_REPLY)
-            return self._bridged(route, BridgedPrompt((), self.vocabulary.encode(gen_text)))
+            return self._bridged(route, BridgedPrompt((), self._generation_ids(context)))
 
         text = context.render_after(role, new, gen=True)
         base = context.base_text(role)
@@ -138,7 +138,7 @@ class Renderer:
                 segments.append(Segment(LossReason.TEMPLATE_SCAFFOLD, scaffold_ids))
         message_segments = segment_ids(self.vocabulary, body, label_text(context, role, new, body))
         segments.extend(message_segments)
-        bridged = BridgedPrompt(tuple(segments), self.vocabulary.encode(gen_text))
+        bridged = BridgedPrompt(tuple(segments), self._generation_ids(context))
 
         if self._sample_check():
             new_ids = [i for s in message_segments for i in s.ids] + list(bridged.generation_prompt)
@@ -227,6 +227,11 @@ class Renderer:
                 f"({len(new_ids)} bridged vs {len(region)} rendered)"
             )
         return None
+
+    def _generation_ids(self, context: TemplateContext) -> list[int]:
+        if context.generation_ids is None:
+            context.generation_ids = self.vocabulary.encode(context.generation_prompt())
+        return context.generation_ids
 
     def _sample_check(self) -> bool:
         rate = self.config.check_sample_rate

@@ -14,7 +14,7 @@ encode of the whole text; a token is labelled by the character it starts at.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from trajectory_tree import LossReason, Message, Role, Segment
@@ -47,6 +47,8 @@ def message_regions(
 ) -> list[tuple[int, int]]:
     """``[start, end)`` of each message in ``text`` (the rendering of ``messages`` after
     ``previous``); the last region runs to the end of ``text``."""
+    if len(messages) == 1:
+        return [(0, len(text))]
     regions: list[tuple[int, int]] = []
     cursor = 0
     role = previous
@@ -101,21 +103,18 @@ def label_text(
 def segment_ids(
     vocabulary: Vocabulary, text: str, spans: Sequence[tuple[int, LossReason]]
 ) -> list[Segment]:
-    """Encode ``text`` once and cut its ids into runs of equal reason."""
+    """Encode ``text`` once and cut its ids where the spans end (a token belongs to the span its
+    first character is in); neighbouring cuts with the same reason are merged."""
     ids, offsets = vocabulary.encode_with_offsets(text)
-    ends = [end for end, _ in spans]
+    starts = [begin for begin, _ in offsets]
     segments: list[Segment] = []
-    run: list[int] = []
-    run_reason: LossReason | None = None
-    for token_id, (begin, _) in zip(ids, offsets, strict=True):
-        index = min(bisect_right(ends, begin), len(spans) - 1)
-        reason = spans[index][1]
-        if reason is not run_reason and run:
-            assert run_reason is not None
-            segments.append(Segment(run_reason, run))
-            run = []
-        run_reason = reason
-        run.append(token_id)
-    if run and run_reason is not None:
-        segments.append(Segment(run_reason, run))
+    cut = 0
+    for index, (end, reason) in enumerate(spans):
+        stop = len(ids) if index == len(spans) - 1 else bisect_left(starts, end, cut)
+        if stop > cut:
+            if segments and segments[-1].reason is reason:
+                segments[-1] = Segment(reason, [*segments[-1].ids, *ids[cut:stop]])
+            else:
+                segments.append(Segment(reason, ids[cut:stop]))
+            cut = stop
     return segments
