@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from array import array
 from dataclasses import dataclass, field
 
 from trajectory_tree import Completion, FinishReason
@@ -57,6 +58,20 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative ints: {self.stop_token_ids!r}")
 
 
+def _check_token_ids(ids: tuple[int, ...]) -> None:
+    """Every id a non-negative int, at C speed: a 1M-token prompt must not stall the loop."""
+    try:
+        packed = array("q", ids)
+    except (TypeError, OverflowError):
+        bad = next(
+            (i, t) for i, t in enumerate(ids) if isinstance(t, bool) or not isinstance(t, int)
+        )
+        raise ValueError(f"input_ids[{bad[0]}] = {bad[1]!r} is not a token id") from None
+    if min(packed) < 0 or any(type(t) is bool for t in ids[:1]):
+        i = next(i for i, t in enumerate(ids) if t < 0 or type(t) is bool)
+        raise ValueError(f"input_ids[{i}] = {ids[i]!r} is not a token id")
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """One generation from prompt token ids.
@@ -73,9 +88,7 @@ class GenerateRequest:
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise ValueError("input_ids must not be empty")
-        for i, t in enumerate(self.input_ids):
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"input_ids[{i}] = {t!r} is not a token id")
+        _check_token_ids(self.input_ids)
         if not self.rid:
             raise ValueError("rid must not be empty")
 

@@ -1,0 +1,220 @@
+"""The aiohttp application: three dialects over one turn runner.
+
+Every failure is answered in the dialect the client spoke, with the status it expects, and never
+takes the server down. The session token is whatever the client sends as its API key
+(``x-api-key`` or ``Authorization: Bearer``), so an agent CLI needs no change beyond a base URL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from protocol_adapters.dialects import DIALECTS, Dialect
+from protocol_adapters.types import AdapterError, ErrorKind, NeutralRequest, Usage
+
+from .config import AdapterConfig
+from .sessions import Session, SessionRegistry
+from .turn import Finished, Started, TurnRunner
+
+log = logging.getLogger(__name__)
+
+ANTHROPIC = DIALECTS["anthropic"]
+OPENAI_CHAT = DIALECTS["openai_chat"]
+OPENAI_RESPONSES = DIALECTS["openai_responses"]
+
+RUNNER_KEY = web.AppKey("runner", TurnRunner)
+SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
+CONFIG_KEY = web.AppKey("config", AdapterConfig)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def session_token(request: web.Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key.strip()
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
+
+
+def error_json(dialect: Dialect, kind: ErrorKind, message: str) -> web.Response:
+    status, body = dialect.error_response(kind, message)
+    headers = {"Retry-After": "1"} if kind in (ErrorKind.RATE_LIMITED, ErrorKind.OVERLOADED) else {}
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def read_json(request: web.Request) -> object:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise AdapterError(
+            ErrorKind.REQUEST_TOO_LARGE, f"request body too large: {exc.text}"
+        ) from None
+    if not raw:
+        raise AdapterError(ErrorKind.INVALID_REQUEST, "request body is empty; expected JSON")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterError(
+            ErrorKind.INVALID_REQUEST, f"request body is not valid JSON: {exc}"
+        ) from None
+
+
+def _session(request: web.Request) -> Session:
+    token = session_token(request)
+    if token is None:
+        raise AdapterError(
+            ErrorKind.AUTHENTICATION,
+            "missing API key: send the session token as x-api-key or bearer",
+        )
+    return request.app[SESSIONS_KEY].get(token)
+
+
+def model_handler(dialect: Dialect) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            session = _session(request)
+            body = await read_json(request)
+            neutral = dialect.parse_request(body)
+            runner = request.app[RUNNER_KEY]
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            if not neutral.stream:
+                outcome = await runner.run(session, neutral, headers)
+                payload = dialect.response_body(
+                    neutral, outcome.reply, outcome.usage, outcome.stop, dialect.new_response_id()
+                )
+                return web.json_response(payload)
+            return await _stream(request, dialect, runner, session, neutral, headers)
+        except AdapterError as exc:
+            return error_json(dialect, exc.kind, exc.message)
+
+    return handle
+
+
+async def _stream(
+    request: web.Request,
+    dialect: Dialect,
+    runner: TurnRunner,
+    session: Session,
+    neutral: NeutralRequest,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    items = runner.stream(session, neutral, headers)
+    encoder = dialect.stream_encoder(neutral, dialect.new_response_id())
+    response: web.StreamResponse | None = None
+    try:
+        async for item in items:
+            if isinstance(item, Started):
+                # Errors before this point get a plain HTTP error; after it, an in-stream event.
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                await response.prepare(request)
+                await response.write(encoder.start(Usage(item.prompt_tokens, 0)))
+            elif isinstance(item, Finished):
+                assert response is not None
+                outcome = item.outcome
+                await response.write(encoder.finish(outcome.stop, outcome.usage))
+            else:
+                assert response is not None
+                data = encoder.event(item)
+                if data:
+                    await response.write(data)
+    except AdapterError as exc:
+        if response is None:
+            return error_json(dialect, exc.kind, exc.message)
+        await response.write(encoder.error(exc.kind, exc.message))
+    finally:
+        await items.aclose()
+    assert response is not None
+    await response.write_eof()
+    return response
+
+
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    try:
+        _session(request)
+        body = await read_json(request)
+        neutral = ANTHROPIC.parse_request(body)
+        tokens = await request.app[RUNNER_KEY].count_tokens(neutral)
+        return web.json_response({"input_tokens": tokens})
+    except AdapterError as exc:
+        return error_json(ANTHROPIC, exc.kind, exc.message)
+
+
+async def models(request: web.Request) -> web.StreamResponse:
+    names = request.app[CONFIG_KEY].models
+    data = [
+        {
+            "id": n,
+            "object": "model",
+            "type": "model",
+            "created": 0,
+            "owned_by": "policy",
+            "display_name": n,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        for n in names
+    ]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": False,
+            "first_id": names[0] if names else None,
+            "last_id": names[-1] if names else None,
+        }
+    )
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok", "sessions": len(request.app[SESSIONS_KEY])})
+
+
+@web.middleware
+async def unexpected_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Anything unforeseen becomes a 500 in the dialect's shape; the server stays up."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except (ConnectionResetError, TimeoutError):
+        raise
+    except Exception as exc:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        dialect = (
+            OPENAI_CHAT
+            if request.path.startswith("/v1/chat")
+            else (OPENAI_RESPONSES if request.path.startswith("/v1/responses") else ANTHROPIC)
+        )
+        return error_json(dialect, ErrorKind.ENGINE_ERROR, f"internal error: {type(exc).__name__}")
+
+
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    return error_json(
+        ANTHROPIC, ErrorKind.NOT_FOUND, f"no route for {request.method} {request.path}"
+    )
+
+
+def create_app(
+    config: AdapterConfig, runner: TurnRunner, sessions: SessionRegistry
+) -> web.Application:
+    """The application; serve it with :class:`AdapterServer` (handler cancellation on)."""
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[unexpected_errors])
+    app[RUNNER_KEY] = runner
+    app[SESSIONS_KEY] = sessions
+    app[CONFIG_KEY] = config
+    app.router.add_post("/v1/messages", model_handler(ANTHROPIC))
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_post("/v1/chat/completions", model_handler(OPENAI_CHAT))
+    app.router.add_post("/v1/responses", model_handler(OPENAI_RESPONSES))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_route("*", "/{tail:.*}", _not_found)
+    return app

@@ -1,0 +1,309 @@
+"""One model call, from a neutral request to a recorded turn.
+
+The order matters for faithfulness: route in the tree, render only what the tree does not already
+hold (off the event loop), refuse prompts over the context limit with the error that makes
+clients compact, generate from ids, parse the output for the client, and record exactly the ids
+sent and received. A generation cut short by a client disconnect is still recorded (as aborted,
+never trained) so nothing the engine produced disappears without a trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+
+from protocol_adapters.engine.protocol import Engine
+from protocol_adapters.engine.types import GenerateRequest, SamplingParams, new_rid
+from protocol_adapters.types import (
+    AdapterError,
+    ClientSampling,
+    ErrorKind,
+    NeutralRequest,
+    ParsedReply,
+    ReasoningDelta,
+    ReplyEvent,
+    StopReason,
+    TextDelta,
+    ToolCallDone,
+    Usage,
+    stop_reason,
+)
+from trajectory_tree import (
+    Completion,
+    FinishReason,
+    Message,
+    Reasoning,
+    Route,
+    Text,
+    ToolCall,
+    Turn,
+    TurnMeta,
+)
+
+from .config import AdapterConfig, RolloutSampling
+from .detokenize import IncrementalDetokenizer
+from .ports import PromptRenderer, RenderedPrompt, ReplyParser, TokenText
+from .sessions import Session
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    reply: ParsedReply
+    usage: Usage
+    stop: StopReason
+    turn: Turn | None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The first event of a streamed turn: the real prompt size, for ``message_start`` usage."""
+
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    outcome: TurnOutcome
+
+
+StreamItem = Started | ReplyEvent | Finished
+
+
+def choose_sampling(
+    client: ClientSampling,
+    rollout: RolloutSampling,
+    *,
+    client_wins: bool,
+    room: int,
+    stop_token_ids: tuple[int, ...],
+) -> tuple[SamplingParams, dict[str, str]]:
+    """Merge the client's and the rollout's settings; return what was used, for the record."""
+
+    def pick(client_value: float | None, rollout_value: float) -> float:
+        return client_value if client_wins and client_value is not None else rollout_value
+
+    caps = [room]
+    if client.max_tokens is not None:
+        caps.append(client.max_tokens)
+    if rollout.max_new_tokens is not None:
+        caps.append(rollout.max_new_tokens)
+    top_k = client.top_k if client_wins and client.top_k is not None else rollout.top_k
+    params = SamplingParams(
+        max_new_tokens=max(1, min(caps)),
+        temperature=pick(client.temperature, rollout.temperature),
+        top_p=pick(client.top_p, rollout.top_p),
+        top_k=top_k,
+        stop=tuple(client.stop),
+        stop_token_ids=stop_token_ids,
+    )
+    record = {
+        "temperature": repr(params.temperature),
+        "top_p": repr(params.top_p),
+        "top_k": str(params.top_k),
+        "max_new_tokens": str(params.max_new_tokens),
+        "sampling_source": "client" if client_wins else "rollout",
+    }
+    if client.temperature is not None:
+        record["client_temperature"] = repr(client.temperature)
+    if client.top_p is not None:
+        record["client_top_p"] = repr(client.top_p)
+    return params, record
+
+
+class TurnRunner:
+    """Runs model calls for the sessions of one server."""
+
+    def __init__(
+        self,
+        config: AdapterConfig,
+        engine: Engine,
+        renderer: PromptRenderer,
+        vocabulary: TokenText,
+        parser: ReplyParser,
+    ) -> None:
+        self._config = config
+        self._engine = engine
+        self._renderer = renderer
+        self._vocabulary = vocabulary
+        self._parser = parser
+        self._stop_ids = tuple(sorted(vocabulary.stop_ids))
+
+    async def count_tokens(self, request: NeutralRequest) -> int:
+        return await asyncio.to_thread(self._renderer.count_tokens, request.prompt)
+
+    async def _prepare(
+        self, session: Session, request: NeutralRequest
+    ) -> tuple[Route, RenderedPrompt, GenerateRequest, dict[str, str]]:
+        session.admit()
+        route = session.tree.route(request.prompt)
+        rendered, engine_request, record = await asyncio.to_thread(
+            self._build, session, request, route
+        )
+        return route, rendered, engine_request, record
+
+    def _build(
+        self, session: Session, request: NeutralRequest, route: Route
+    ) -> tuple[RenderedPrompt, GenerateRequest, dict[str, str]]:
+        """Render and build the engine request: O(context) work, so it runs off the loop."""
+        rendered = self._renderer.render(route)
+        prompt_tokens = len(rendered.ids)
+        limit = session.limits.context_tokens
+        if prompt_tokens >= limit:
+            raise AdapterError(
+                ErrorKind.CONTEXT_LENGTH,
+                f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum",
+            )
+        params, record = choose_sampling(
+            request.sampling,
+            self._config.sampling,
+            client_wins=self._config.client_sampling_wins,
+            room=limit - prompt_tokens,
+            stop_token_ids=self._stop_ids,
+        )
+        engine_request = GenerateRequest(
+            input_ids=tuple(rendered.ids), sampling=params, routing_key=session.token, rid=new_rid()
+        )
+        return rendered, engine_request, record
+
+    def _record(
+        self,
+        session: Session,
+        route: Route,
+        rendered: RenderedPrompt,
+        completion: Completion,
+        reply: ParsedReply,
+        meta: TurnMeta,
+    ) -> Turn:
+        return session.tree.record(route, rendered.prompt, completion, reply.message, meta)
+
+    def _replay(self, route: Route) -> Turn | None:
+        if not self._config.replay_retries:
+            return None
+        done = [t for t in route.recorded if t.finish_reason is not FinishReason.ABORT]
+        return done[-1] if done else None
+
+    async def run(
+        self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
+    ) -> TurnOutcome:
+        """A whole turn, for non-streaming responses."""
+        started = time.time()
+        route, rendered, engine_request, record = await self._prepare(session, request)
+        replay = self._replay(route)
+        if replay is not None:
+            return _replayed(replay)
+        session.in_flight.add(engine_request.rid)
+        try:
+            result = await self._engine.generate(engine_request)
+        finally:
+            session.in_flight.discard(engine_request.rid)
+        text = await asyncio.to_thread(self._vocabulary.decode, result.output_ids)
+        reply = self._parser.parse(text)
+        meta = _meta(request, headers, engine_request.rid, started, record, reply)
+        turn = self._record(session, route, rendered, result.to_completion(), reply, meta)
+        usage = Usage(len(engine_request.input_ids), len(result.output_ids))
+        return TurnOutcome(reply, usage, stop_reason(result.finish_reason, reply.message), turn)
+
+    async def stream(
+        self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
+    ) -> AsyncGenerator[StreamItem, None]:
+        """A turn as it is generated: ``Started``, reply events as they become certain, then
+        ``Finished``. Errors before ``Started`` are raised for a plain error response."""
+        started = time.time()
+        route, rendered, engine_request, record = await self._prepare(session, request)
+        replay = self._replay(route)
+        if replay is not None:
+            outcome = _replayed(replay)
+            yield Started(outcome.usage.prompt_tokens)
+            for event in _events_of(outcome.reply.message):
+                yield event
+            yield Finished(outcome)
+            return
+        yield Started(len(engine_request.input_ids))
+
+        detok = IncrementalDetokenizer(self._vocabulary.decode)
+        parser = self._parser.streaming()
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish = FinishReason.ABORT
+        weight_version: str | None = None
+        session.in_flight.add(engine_request.rid)
+        chunks = self._engine.stream(engine_request)
+        try:
+            async for chunk in chunks:
+                ids.extend(chunk.output_ids)
+                logprobs.extend(chunk.output_logprobs)
+                weight_version = chunk.weight_version or weight_version
+                if chunk.finish_reason is not None:
+                    finish = chunk.finish_reason
+                for event in parser.feed(detok.feed(chunk.output_ids)):
+                    yield event
+        except BaseException:
+            # Client gone or engine failed mid-generation: keep what the engine produced, as an
+            # aborted turn that is never trained, then let the error end the response.
+            if ids:
+                partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
+                reply = self._parser.parse(self._vocabulary.decode(ids))
+                meta = _meta(request, headers, engine_request.rid, started, record, reply)
+                self._record(session, route, rendered, partial, reply, meta)
+            raise
+        finally:
+            session.in_flight.discard(engine_request.rid)
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        rest = detok.flush()
+        events = parser.feed(rest) if rest else []
+        tail, reply = parser.finish()
+        for event in events + tail:
+            yield event
+        meta = _meta(request, headers, engine_request.rid, started, record, reply)
+        completion = Completion(ids, logprobs, finish, weight_version)
+        turn = self._record(session, route, rendered, completion, reply, meta)
+        usage = Usage(len(engine_request.input_ids), len(ids))
+        yield Finished(TurnOutcome(reply, usage, stop_reason(finish, reply.message), turn))
+
+
+def _meta(
+    request: NeutralRequest,
+    headers: Mapping[str, str],
+    rid: str,
+    started: float,
+    record: dict[str, str],
+    reply: ParsedReply,
+) -> TurnMeta:
+    extra = dict(record)
+    extra["dialect"] = request.dialect
+    extra["model"] = request.model
+    for header in ("x-codex-turn-metadata", "x-claude-code-session-id", "session_id"):
+        if header in headers:
+            extra[header] = headers[header]
+    retry = headers.get("x-stainless-retry-count", "0")
+    return TurnMeta(
+        request_id=rid,
+        retry_count=int(retry) if retry.isdigit() else 0,
+        started_at=started,
+        finished_at=time.time(),
+        agent_id=headers.get("x-claude-code-agent-id"),
+        malformed_tool_calls=reply.malformed_tool_calls,
+        extra=extra,
+    )
+
+
+def _replayed(turn: Turn) -> TurnOutcome:
+    reply = ParsedReply(turn.reply, turn.meta.malformed_tool_calls)
+    usage = Usage(turn.prompt_length, turn.output_length)
+    return TurnOutcome(reply, usage, stop_reason(turn.finish_reason, turn.reply), None)
+
+
+def _events_of(message: Message) -> list[ReplyEvent]:
+    events: list[ReplyEvent] = []
+    for block in message.content:
+        if isinstance(block, Reasoning):
+            events.append(ReasoningDelta(block.text))
+        elif isinstance(block, Text):
+            events.append(TextDelta(block.text))
+        elif isinstance(block, ToolCall):
+            events.append(ToolCallDone(block))
+    return events
