@@ -4,12 +4,12 @@
 
 Every turn of a synthetic session is driven the way the Anthropic adapter drives the tree: Claude
 Code's real request body (the whole history, tool_use/tool_result blocks, ~3 MB at 200 turns) is
-parsed with ``json.loads``, converted into a neutral ``Prompt``, routed, the engine prompt is
-materialized with ``route.prefix_ids()``, and the reply is recorded from a ``BridgedPrompt``
-(scaffold + tool output segments). Each turn adds one assistant tool call and a ~5k-token tool
-result, so 200 turns reach a 1M-token context and 1,000 turns reach 5M. Claude Code echoes each
-tool call's ``input`` with sorted keys and no whitespace while the model emitted spaces, so every
-turn exercises the canonical (slow-path) match once.
+parsed with ``json.loads``, turned into a neutral ``Prompt`` by the Anthropic dialect's own
+``parse_request``, routed, the engine prompt is materialized with ``route.prefix_ids()``, and the
+reply is recorded from a ``BridgedPrompt`` (scaffold + tool output segments). Each turn adds one
+assistant tool call and a ~5k-token tool result, so 200 turns reach a 1M-token context and 1,000
+turns reach 5M. Claude Code echoes each tool call's ``input`` with sorted keys and no whitespace
+while the model emitted spaces, so every turn exercises the canonical (slow-path) match once.
 
 ``json.loads`` of the body is the floor the client already imposes on every adapter: the tree's own
 cost (route + record) is printed next to it, with linearization time and the memory the tree retains
@@ -41,27 +41,25 @@ import sys
 import time
 import tracemalloc
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from protocol_adapters.dialects.anthropic import parse_request
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text as RichText
 from trajectory_tree import (
-    Block,
     BridgedPrompt,
     Completion,
     FinishReason,
     LossReason,
     Message,
-    Prompt,
     Reasoning,
     Segment,
     SessionTree,
     Text,
     ToolCall,
-    ToolSpec,
     linearize,
 )
 
@@ -400,81 +398,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-# -- the adapter's conversion: Anthropic Messages JSON -> neutral Prompt ---------------------------
-
-
-def prompt_from_anthropic(body: Mapping[str, Any]) -> Prompt:
-    """What the Anthropic dialect does with a parsed request before routing it.
-
-    ``system`` becomes a leading system message, each ``tool_result`` a tool message, and each
-    ``tool_use.input`` canonical JSON text (sorted keys, no whitespace).
-    """
-    messages: list[Message] = []
-    system = body.get("system")
-    if isinstance(system, str):
-        messages.append(Message.text("system", system))
-    elif system:
-        messages.append(Message("system", tuple(Text(b["text"]) for b in system)))
-    for entry in body["messages"]:
-        role, content = entry["role"], entry["content"]
-        if isinstance(content, str):
-            messages.append(Message.text(role, content))
-        elif role == "assistant":
-            messages.append(Message("assistant", tuple(map(_assistant_block, content))))
-        else:
-            messages.extend(_user_messages(role, content))
-    tools = tuple(
-        ToolSpec(t["name"], t.get("description", ""), _canonical(t.get("input_schema", {})))
-        for t in body.get("tools", ())
-    )
-    thinking = body.get("thinking") or {}
-    options = {"enable_thinking": "false" if thinking.get("type") == "disabled" else "true"}
-    return Prompt(messages, tools, options)
-
-
-def _assistant_block(block: Mapping[str, Any]) -> Block:
-    kind = block["type"]
-    if kind == "text":
-        return Text(block["text"])
-    if kind == "thinking":
-        return Reasoning(block["thinking"], signature=block.get("signature"))
-    if kind == "redacted_thinking":
-        return Reasoning("", encrypted=block["data"])
-    if kind == "tool_use":
-        return ToolCall(block["id"], block["name"], _canonical(block["input"]))
-    raise ValueError(f"unsupported assistant content block {kind!r}")
-
-
-def _user_messages(role: str, content: Sequence[Mapping[str, Any]]) -> Iterator[Message]:
-    if role not in ("user", "system"):
-        raise ValueError(f"unsupported message role {role!r}")
-    pending: list[Block] = []
-    for block in content:
-        kind = block["type"]
-        if kind == "text":
-            pending.append(Text(block["text"]))
-        elif kind == "tool_result" and role == "user":
-            if pending:
-                yield Message("user", tuple(pending))
-                pending = []
-            result = block.get("content", "")
-            text = result if isinstance(result, str) else "".join(b["text"] for b in result)
-            yield Message(
-                "tool",
-                (Text(text),),
-                tool_call_id=block["tool_use_id"],
-                is_error=bool(block.get("is_error", False)),
-            )
-        else:
-            raise ValueError(f"unsupported {role} content block {kind!r}")
-    if pending:
-        yield Message("user" if role == "user" else "system", tuple(pending))
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 # -- one shape, measured ---------------------------------------------------------------------------
 
 
@@ -532,7 +455,7 @@ def build_session(turns: int, seed: int, profiler: cProfile.Profile | None = Non
         t0 = clock()
         parsed = json.loads(body)
         t1 = clock()
-        prompt = prompt_from_anthropic(parsed)
+        prompt = parse_request(parsed).prompt
         t2 = clock()
         del parsed
         if profiler is not None:
@@ -731,7 +654,8 @@ def results_table(results: Sequence[ShapeResult]) -> Table:
         title="trajectory-tree over a Claude Code session (ms per turn unless noted)",
         title_justify="left",
         caption=(
-            "json.loads: the floor the client imposes; JSON->Prompt: the adapter's conversion;\n"
+            "json.loads: the floor the client imposes; JSON->Prompt: protocol_adapters' Anthropic "
+            "parse_request;\n"
             "p50 over p99 per cell; raw = int32 per unique token + float64 per generated logprob;\n"
             "peer rows are QUOTED from the issue, NOT measured here."
         ),
