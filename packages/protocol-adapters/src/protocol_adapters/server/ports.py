@@ -1,16 +1,17 @@
-"""What the server needs from a renderer and a reply parser, as structural interfaces.
+"""What the server needs from a renderer, as a structural interface.
 
-The server is written against these so a deployment can plug in another chat template family or
-SGLang's own parsers without touching request handling.
+The server is written against this so a deployment can plug in another chat-template family
+without touching request handling. Reply parsers have their own interface
+(:class:`protocol_adapters.parsing.ReplyParser`), made per request for that request's tools.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from protocol_adapters.types import ParsedReply, ReplyEvent
-from trajectory_tree import BridgedPrompt, FullPrompt, Prompt, Route
+from protocol_adapters.parsing.select import ReplyParser
+from trajectory_tree import BridgedPrompt, FullPrompt, Prompt, Route, ToolSpec
 
 
 class RenderedPrompt(Protocol):
@@ -31,30 +32,5 @@ class PromptRenderer(Protocol):
     def count_tokens(self, prompt: Prompt) -> int: ...
 
 
-class TokenText(Protocol):
-    """The vocabulary as the server needs it: readable text for parsing, and turn-ending ids."""
-
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        """Ids that end an assistant turn (the engine stops on them and keeps them)."""
-        ...
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` with special tokens kept (for the parser, never for training)."""
-        ...
-
-
-class StreamingReplyParser(Protocol):
-    def feed(self, text: str) -> list[ReplyEvent]:
-        """Events made certain by ``text``; a possible partial marker is held back."""
-        ...
-
-    def finish(self) -> tuple[list[ReplyEvent], ParsedReply]:
-        """The held-back events and the whole reply, consistent with every event emitted."""
-        ...
-
-
-class ReplyParser(Protocol):
-    def parse(self, text: str) -> ParsedReply: ...
-
-    def streaming(self) -> StreamingReplyParser: ...
+ParserFactory = Callable[[Sequence[ToolSpec]], ReplyParser]
+"""Makes the reply parser for one request's tools."""

@@ -8,10 +8,11 @@ from typing import Self
 
 from aiohttp import web
 from protocol_adapters.engine.protocol import Engine
+from protocol_adapters.tokenizer import Vocabulary
 
 from .app import create_app
 from .config import AdapterConfig
-from .ports import PromptRenderer, ReplyParser, TokenText
+from .ports import ParserFactory, PromptRenderer
 from .sessions import Session, SessionRegistry
 from .turn import TurnRunner
 
@@ -30,14 +31,14 @@ class AdapterServer:
         config: AdapterConfig,
         engine: Engine,
         renderer: PromptRenderer,
-        vocabulary: TokenText,
-        parser: ReplyParser,
+        vocabulary: Vocabulary,
+        parsers: ParserFactory,
         sessions: SessionRegistry | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.sessions = sessions or SessionRegistry(config.limits)
-        self.runner = TurnRunner(config, engine, renderer, vocabulary, parser)
+        self.runner = TurnRunner(config, engine, renderer, vocabulary, parsers)
         self.app = create_app(config, self.runner, self.sessions)
         self._web: web.AppRunner | None = None
         self._port = config.port

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from protocol_adapters.engine.protocol import Engine
 from protocol_adapters.engine.types import GenerateRequest, SamplingParams, new_rid
+from protocol_adapters.parsing.decode import IncrementalDecoder
+from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import (
     AdapterError,
     ClientSampling,
@@ -43,8 +45,7 @@ from trajectory_tree import (
 )
 
 from .config import AdapterConfig, RolloutSampling
-from .detokenize import IncrementalDetokenizer
-from .ports import PromptRenderer, RenderedPrompt, ReplyParser, TokenText
+from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
 
 
@@ -120,14 +121,14 @@ class TurnRunner:
         config: AdapterConfig,
         engine: Engine,
         renderer: PromptRenderer,
-        vocabulary: TokenText,
-        parser: ReplyParser,
+        vocabulary: Vocabulary,
+        parsers: ParserFactory,
     ) -> None:
         self._config = config
         self._engine = engine
         self._renderer = renderer
         self._vocabulary = vocabulary
-        self._parser = parser
+        self._parsers = parsers
         self._stop_ids = tuple(sorted(vocabulary.stop_ids))
 
     async def count_tokens(self, request: NeutralRequest) -> int:
@@ -198,8 +199,8 @@ class TurnRunner:
             result = await self._engine.generate(engine_request)
         finally:
             session.in_flight.discard(engine_request.rid)
-        text = await asyncio.to_thread(self._vocabulary.decode, result.output_ids)
-        reply = self._parser.parse(text)
+        parser = self._parsers(request.prompt.tools)
+        reply = await asyncio.to_thread(parser.parse_ids, result.output_ids, self._vocabulary)
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
         turn = self._record(session, route, rendered, result.to_completion(), reply, meta)
         usage = Usage(len(engine_request.input_ids), len(result.output_ids))
@@ -222,8 +223,9 @@ class TurnRunner:
             return
         yield Started(len(engine_request.input_ids))
 
-        detok = IncrementalDetokenizer(self._vocabulary.decode)
-        parser = self._parser.streaming()
+        parser = self._parsers(request.prompt.tools)
+        decoder = IncrementalDecoder(self._vocabulary)
+        reply_stream = parser.stream()
         ids: list[int] = []
         logprobs: list[float] = []
         finish = FinishReason.ABORT
@@ -237,14 +239,14 @@ class TurnRunner:
                 weight_version = chunk.weight_version or weight_version
                 if chunk.finish_reason is not None:
                     finish = chunk.finish_reason
-                for event in parser.feed(detok.feed(chunk.output_ids)):
+                for event in reply_stream.feed(decoder.feed(chunk.output_ids)):
                     yield event
         except BaseException:
             # Client gone or engine failed mid-generation: keep what the engine produced, as an
             # aborted turn that is never trained, then let the error end the response.
             if ids:
                 partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
-                reply = self._parser.parse(self._vocabulary.decode(ids))
+                reply = parser.parse_ids(ids, self._vocabulary)
                 meta = _meta(request, headers, engine_request.rid, started, record, reply)
                 self._record(session, route, rendered, partial, reply, meta)
             raise
@@ -253,11 +255,9 @@ class TurnRunner:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-        rest = detok.flush()
-        events = parser.feed(rest) if rest else []
-        tail, reply = parser.finish()
-        for event in events + tail:
+        for event in reply_stream.feed(decoder.finish()) + reply_stream.finish():
             yield event
+        reply = reply_stream.reply()
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
         completion = Completion(ids, logprobs, finish, weight_version)
         turn = self._record(session, route, rendered, completion, reply, meta)

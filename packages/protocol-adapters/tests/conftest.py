@@ -1,0 +1,20 @@
+"""Shared fixtures: the real Qwen3 vocabulary, built once per machine into pytest's cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+
+
+@pytest.fixture(scope="session")
+def tokenizer_cache(request: pytest.FixtureRequest) -> Path:
+    return Path(request.config.cache.mkdir("qwen3-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def qwen_vocabulary(tokenizer_cache: Path) -> Vocabulary:
+    return load_qwen3_vocabulary(QwenTokenizerConfig(tokenizer_cache))

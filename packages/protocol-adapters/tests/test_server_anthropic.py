@@ -1,0 +1,116 @@
+"""Anthropic Messages through the real server, driven by the official ``anthropic`` SDK."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from protocol_adapters.testing import ScriptedReply
+from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.tokenizer import Vocabulary
+from trajectory_tree import LossReason, linearize
+
+from .server_checks import assert_engine_tokens_trained
+
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+            "required": ["command"],
+        },
+    }
+]
+SCRIPT = [
+    ScriptedReply(
+        reasoning="I should look at the files.",
+        text="Let me list them.",
+        tool_calls=[
+            ("Bash", {"command": "ls -la", "timeout": 60000.0}),
+            ("Bash", {"command": "pwd"}),
+        ],
+    ),
+    ScriptedReply(text="There are two files. Done."),
+]
+
+
+def client(stack: LocalStack, token: str) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=stack.server.url, api_key=token, max_retries=0)
+
+
+async def two_turns(stack: LocalStack, token: str, *, stream: bool) -> None:
+    api = client(stack, token)
+    messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "What is here?"}]
+    for _ in range(2):
+        if stream:
+            async with api.messages.stream(
+                model="policy",
+                max_tokens=1024,
+                system="You are a coding agent.",
+                messages=messages,
+                tools=TOOLS,  # type: ignore[arg-type]
+            ) as s:
+                reply = await s.get_final_message()
+        else:
+            reply = await api.messages.create(
+                model="policy",
+                max_tokens=1024,
+                system="You are a coding agent.",
+                messages=messages,
+                tools=TOOLS,  # type: ignore[arg-type]
+            )
+        assert reply.usage.input_tokens > 0 and reply.usage.output_tokens > 0
+        # Echo as Claude Code does: the whole reply back, tool inputs re-serialized by the client.
+        messages.append({"role": "assistant", "content": [b.model_dump() for b in reply.content]})  # type: ignore[misc]
+        uses = [b for b in reply.content if b.type == "tool_use"]
+        if not uses:
+            break
+        # Parallel results come back in completion order (reversed here), the last with cache_control.
+        results: list[dict[str, object]] = [
+            {"type": "tool_result", "tool_use_id": u.id, "content": f"output of {u.input}"}
+            for u in reversed(uses)
+        ]
+        results[-1]["cache_control"] = {"type": "ephemeral"}
+        messages.append({"role": "user", "content": results})  # type: ignore[typeddict-item]
+    await api.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_multi_turn_tool_session_trains_exactly_engine_tokens(
+    tmp_path: Path, tokenizer_cache: Path, qwen_vocabulary: Vocabulary, stream: bool
+) -> None:
+    async with local_stack(
+        SCRIPT, tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
+    ) as stack:
+        session = stack.server.sessions.open("anthropic-e2e")
+        await two_turns(stack, session.token, stream=stream)
+        tree = session.tree
+        assert len(tree.turns) == 2
+        assert tree.turns[0].reply.tool_calls and len(tree.turns[0].reply.tool_calls) == 2
+        lin = linearize(tree)
+        assert len(lin.samples) == 1, "the echo must continue the same branch"
+        assert_engine_tokens_trained(stack, tree, lin)
+        spans = {s.reason for s in lin.samples[0].spans}
+        assert LossReason.TOOL_OUTPUT in spans and LossReason.RERENDERED_HISTORY not in spans
+        assert all(t.rerendered is None for t in tree.turns)
+        assert stack.renderer.stats.full_renders == 0
+
+
+async def test_unknown_token_is_401_in_anthropic_shape(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    async with local_stack(
+        SCRIPT, tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
+    ) as stack:
+        api = client(stack, "not-a-session")
+        with pytest.raises(anthropic.AuthenticationError) as err:
+            await api.messages.create(
+                model="policy", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert err.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+        await api.close()
+        assert stack.double.requests == []
