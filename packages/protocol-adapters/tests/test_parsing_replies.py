@@ -46,8 +46,10 @@ TOOLS = (
 
 
 @pytest.fixture(scope="module")
-def qwen(request: pytest.FixtureRequest) -> Vocabulary:
-    return load_qwen3_vocabulary(QwenTokenizerConfig(request.config.cache.mkdir("qwen3-tokenizer")))
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Vocabulary:
+    # Built once per test session (~2 s) into the session's base temp dir, shared by modules.
+    cache = tmp_path_factory.getbasetemp() / "qwen3-tokenizer"
+    return load_qwen3_vocabulary(QwenTokenizerConfig(cache))
 
 
 def counter() -> Callable[[], str]:

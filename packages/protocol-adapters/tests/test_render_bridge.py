@@ -54,8 +54,10 @@ CHECK_ALL = RendererConfig(check_sample_rate=1.0)
 
 
 @pytest.fixture(scope="module")
-def qwen(request: pytest.FixtureRequest) -> Vocabulary:
-    return load_qwen3_vocabulary(QwenTokenizerConfig(request.config.cache.mkdir("qwen3-tokenizer")))
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Vocabulary:
+    # Built once per test session (~2 s) into the session's base temp dir, shared by modules.
+    cache = tmp_path_factory.getbasetemp() / "qwen3-tokenizer"
+    return load_qwen3_vocabulary(QwenTokenizerConfig(cache))
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,10 @@ SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 
 
 @pytest.fixture(scope="module")
-def qwen(request: pytest.FixtureRequest) -> Vocabulary:
-    return load_qwen3_vocabulary(QwenTokenizerConfig(request.config.cache.mkdir("qwen3-tokenizer")))
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Vocabulary:
+    # Built once per test session (~2 s) into the session's base temp dir, shared by modules.
+    cache = tmp_path_factory.getbasetemp() / "qwen3-tokenizer"
+    return load_qwen3_vocabulary(QwenTokenizerConfig(cache))
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +98,8 @@ def test_decode_then_reencode_changes_ids(qwen: Vocabulary) -> None:
     assert qwen.encode(qwen.decode(emoji[:1])) != emoji[:1]
 
 
-def test_cache_is_reused_not_rebuilt(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    config = QwenTokenizerConfig(request.config.cache.mkdir("qwen3-tokenizer"))
+def test_cache_is_reused_not_rebuilt(tmp_path_factory: pytest.TempPathFactory) -> None:
+    config = QwenTokenizerConfig(tmp_path_factory.getbasetemp() / "qwen3-tokenizer")
     load_qwen3_vocabulary(config)
     (cached,) = config.cache_dir.glob("qwen3-*.tokenizer.json")
     stamp = cached.stat().st_mtime_ns
