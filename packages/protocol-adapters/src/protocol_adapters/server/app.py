@@ -15,6 +15,7 @@ from aiohttp import web
 from protocol_adapters.dialects import DIALECTS, Dialect
 from protocol_adapters.types import AdapterError, ErrorKind, NeutralRequest, Usage
 
+from .admin import CloseSession, admin_routes
 from .config import AdapterConfig
 from .sessions import Session, SessionRegistry
 from .turn import Finished, Started, TurnRunner
@@ -203,7 +204,10 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(
-    config: AdapterConfig, runner: TurnRunner, sessions: SessionRegistry
+    config: AdapterConfig,
+    runner: TurnRunner,
+    sessions: SessionRegistry,
+    close_session: CloseSession | None = None,
 ) -> web.Application:
     """The application; serve it with :class:`AdapterServer` (handler cancellation on)."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[unexpected_errors])
@@ -216,5 +220,7 @@ def create_app(
     app.router.add_post("/v1/responses", model_handler(OPENAI_RESPONSES))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    if config.admin_token is not None and close_session is not None:
+        app.router.add_routes(admin_routes(config, sessions, close_session))
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app

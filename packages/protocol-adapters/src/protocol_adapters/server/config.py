@@ -30,5 +30,7 @@ class AdapterConfig:
     """Whether a client's temperature/top_p/top_k override the rollout's (recorded either way)."""
     limits: SessionLimits = field(default_factory=SessionLimits)
     max_body_bytes: int = 64 * 1024 * 1024
+    admin_token: str | None = None
+    """Enables the ``/admin/sessions`` API for out-of-process callers, guarded by this token."""
     replay_retries: bool = False
     """Answer a client's identical retry with the recorded reply instead of generating again."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from protocol_adapters.parsing.select import ReplyParser
+from protocol_adapters.parsing.config import ParserConfig
+from protocol_adapters.parsing.select import ReplyParser, make_reply_parser
 from trajectory_tree import BridgedPrompt, FullPrompt, Prompt, Route, ToolSpec
 
 
@@ -34,3 +35,12 @@ class PromptRenderer(Protocol):
 
 ParserFactory = Callable[[Sequence[ToolSpec]], ReplyParser]
 """Makes the reply parser for one request's tools."""
+
+
+def reply_parsers(config: ParserConfig | None = None) -> ParserFactory:
+    """The configured parser (built-in, or SGLang's when selected) for each request's tools."""
+
+    def make(tools: Sequence[ToolSpec]) -> ReplyParser:
+        return make_reply_parser(config, tools)
+
+    return make

@@ -39,7 +39,7 @@ class AdapterServer:
         self.engine = engine
         self.sessions = sessions or SessionRegistry(config.limits)
         self.runner = TurnRunner(config, engine, renderer, vocabulary, parsers)
-        self.app = create_app(config, self.runner, self.sessions)
+        self.app = create_app(config, self.runner, self.sessions, self.close_session)
         self._web: web.AppRunner | None = None
         self._port = config.port
 

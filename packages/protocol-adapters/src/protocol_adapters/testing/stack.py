@@ -7,19 +7,16 @@ agent and the engine's HTTP port is the production code path.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajectory_tree import ToolSpec
-
 from protocol_adapters.engine import SGLangConfig, SGLangEngine
-from protocol_adapters.parsing import ParserConfig
-from protocol_adapters.parsing.select import ReplyParser, make_reply_parser
 from protocol_adapters.rendering.renderer import Renderer, RendererConfig
 from protocol_adapters.rendering.template import qwen3_template
 from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.ports import reply_parsers
 from protocol_adapters.server.runner import AdapterServer
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
@@ -57,15 +54,6 @@ class LocalStack:
     renderer: Renderer
 
 
-def parser_factory(
-    config: ParserConfig | None = None,
-) -> Callable[[Sequence[ToolSpec]], ReplyParser]:
-    def make(tools: Sequence[ToolSpec]) -> ReplyParser:
-        return make_reply_parser(config, tools)
-
-    return make
-
-
 @asynccontextmanager
 async def local_stack(
     script: Script,
@@ -87,7 +75,7 @@ async def local_stack(
         sglang = engine_config(double.url) if engine_config else SGLangConfig(base_url=double.url)
         async with SGLangEngine(sglang) as engine:
             server = AdapterServer(
-                config or AdapterConfig(), engine, renderer, vocab, parser_factory()
+                config or AdapterConfig(), engine, renderer, vocab, reply_parsers()
             )
             async with server:
                 yield LocalStack(server, double, vocab, renderer)

@@ -1,0 +1,102 @@
+"""``protocol-adapters serve``: the adapter as its own service in front of an SGLang engine.
+
+    protocol-adapters serve --engine-url http://gpu-node:30000 --qwen3-cache ~/.cache/qwen3 \\
+        --context-tokens 65536 --admin-token-file /run/secrets/adapter-admin
+
+Sessions are opened and closed over ``/admin/sessions`` with the admin token (see
+``server/admin.py``). Everything here maps flags onto typed configuration; nothing reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from protocol_adapters.engine import SGLangConfig, SGLangEngine
+from protocol_adapters.parsing import ParserConfig, ToolCallFormat
+from protocol_adapters.rendering.renderer import Renderer, RendererConfig
+from protocol_adapters.rendering.template import ChatTemplate, qwen3_template
+from protocol_adapters.server.config import AdapterConfig, RolloutSampling
+from protocol_adapters.server.ports import reply_parsers
+from protocol_adapters.server.runner import AdapterServer
+from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="protocol-adapters", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the three dialects in front of an SGLang engine")
+    serve.add_argument("--engine-url", required=True, help="SGLang server or router base URL")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8400)
+    vocab = serve.add_mutually_exclusive_group(required=True)
+    vocab.add_argument("--tokenizer-json", type=Path, help="the policy's tokenizer.json")
+    vocab.add_argument("--qwen3-cache", type=Path, help="build the Qwen3 tokenizer offline here")
+    serve.add_argument("--template-file", type=Path, help="Jinja chat template (default: ours)")
+    serve.add_argument(
+        "--tool-format", choices=[f.value for f in ToolCallFormat], default="hermes_json"
+    )
+    serve.add_argument("--context-tokens", type=int, default=SessionLimits().context_tokens)
+    serve.add_argument("--max-turns", type=int, default=SessionLimits().max_turns)
+    serve.add_argument("--max-new-tokens", type=int, default=None)
+    serve.add_argument("--temperature", type=float, default=1.0)
+    serve.add_argument("--top-p", type=float, default=1.0)
+    serve.add_argument("--client-sampling-wins", action="store_true")
+    serve.add_argument("--check-rate", type=float, default=RendererConfig().check_sample_rate)
+    serve.add_argument("--model", action="append", default=None, help="name(s) for /v1/models")
+    serve.add_argument("--admin-token-file", type=Path, help="file holding the admin API token")
+    return parser
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    vocabulary = (
+        Vocabulary.from_file(args.tokenizer_json)
+        if args.tokenizer_json
+        else load_qwen3_vocabulary(QwenTokenizerConfig(args.qwen3_cache))
+    )
+    template = (
+        ChatTemplate(args.template_file.stem, args.template_file.read_text())
+        if args.template_file
+        else qwen3_template()
+    )
+    renderer = Renderer(vocabulary, template, RendererConfig(check_sample_rate=args.check_rate))
+    admin = args.admin_token_file.read_text().strip() if args.admin_token_file else None
+    config = AdapterConfig(
+        host=args.host,
+        port=args.port,
+        models=tuple(args.model or ["policy"]),
+        sampling=RolloutSampling(args.temperature, args.top_p, max_new_tokens=args.max_new_tokens),
+        client_sampling_wins=args.client_sampling_wins,
+        limits=SessionLimits(max_turns=args.max_turns, context_tokens=args.context_tokens),
+        admin_token=admin,
+    )
+    parsers = reply_parsers(ParserConfig(tool_format=ToolCallFormat(args.tool_format)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with (
+        SGLangEngine(SGLangConfig(base_url=args.engine_url)) as engine,
+        AdapterServer(config, engine, renderer, vocabulary, parsers) as server,
+    ):
+        admin_note = "admin API on" if admin else "admin API off (no --admin-token-file)"
+        logging.getLogger("protocol_adapters").warning("serving on %s; %s", server.url, admin_note)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(_serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
