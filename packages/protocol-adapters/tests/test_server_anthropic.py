@@ -6,7 +6,6 @@ from pathlib import Path
 
 import anthropic
 import pytest
-
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.tokenizer import Vocabulary
@@ -63,13 +62,16 @@ async def two_turns(stack: LocalStack, token: str, *, stream: bool) -> None:
                 messages=messages,
                 tools=TOOLS,  # type: ignore[arg-type]
             )
-        assert reply.usage.input_tokens > 0 and reply.usage.output_tokens > 0
+        assert reply.usage.input_tokens > 0
+        assert reply.usage.output_tokens > 0
         # Echo as Claude Code does: the whole reply back, tool inputs re-serialized by the client.
-        messages.append({"role": "assistant", "content": [b.model_dump() for b in reply.content]})  # type: ignore[misc]
+        echo = [b.model_dump() for b in reply.content]
+        messages.append({"role": "assistant", "content": echo})  # type: ignore[typeddict-item]
         uses = [b for b in reply.content if b.type == "tool_use"]
         if not uses:
             break
-        # Parallel results come back in completion order (reversed here), the last with cache_control.
+        # Parallel results come back in completion order (reversed here); the last one carries
+        # cache_control.
         results: list[dict[str, object]] = [
             {"type": "tool_result", "tool_use_id": u.id, "content": f"output of {u.input}"}
             for u in reversed(uses)
@@ -90,12 +92,13 @@ async def test_multi_turn_tool_session_trains_exactly_engine_tokens(
         await two_turns(stack, session.token, stream=stream)
         tree = session.tree
         assert len(tree.turns) == 2
-        assert tree.turns[0].reply.tool_calls and len(tree.turns[0].reply.tool_calls) == 2
+        assert len(tree.turns[0].reply.tool_calls) == 2
         lin = linearize(tree)
         assert len(lin.samples) == 1, "the echo must continue the same branch"
         assert_engine_tokens_trained(stack, tree, lin)
         spans = {s.reason for s in lin.samples[0].spans}
-        assert LossReason.TOOL_OUTPUT in spans and LossReason.RERENDERED_HISTORY not in spans
+        assert LossReason.TOOL_OUTPUT in spans
+        assert LossReason.RERENDERED_HISTORY not in spans
         assert all(t.rerendered is None for t in tree.turns)
         assert stack.renderer.stats.full_renders == 0
 
