@@ -1,7 +1,7 @@
 """``trajectory-tree``: look at a saved session tree, its samples and its token accounting.
 
-    trajectory-tree show SESSION.json [--max-tokens N] [--policy full|split|final_branch]
-    trajectory-tree demo              # the bundled recorded agent session
+trajectory-tree show SESSION.json [--max-tokens N] [--policy full|split|final_branch]
+trajectory-tree demo              # the bundled recorded agent session
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ def _sample_lines(lin: Linearization) -> list[str]:
             f"leaf turn {s.leaf_turn}, reward {s.reward}{' TRUNCATED' if s.truncated else ''}"
         )
         lines.append(f"    spans: {spans}{more}")
-    for ex in lin.exclusions:
-        lines.append(f"  excluded: turn {ex.turn}, {ex.tokens} tokens, {ex.reason}")
+    lines += (f"  excluded: turn {e.turn}, {e.tokens} tokens, {e.reason}" for e in lin.exclusions)
     return lines
 
 

@@ -212,16 +212,16 @@ def _build(
             if reason is LossReason.GENERATED and turn is not None:
                 why: LossReason = reason
                 if node.id in owned:
-                    mask.extend(b"\x01" * length)
+                    mask.frombytes(b"\x01" * length)
                     trained_turns.append(turn.id)
                 else:
-                    mask.extend(bytes(length))
+                    mask.frombytes(bytes(length))
                     why = excluded.get(turn.id, LossReason.TRAINED_IN_OTHER_SAMPLE)
                 logprobs.extend(turn.output_logprobs)
                 spans.append(Span(start, end, why, node.id, turn.id))
             else:
-                mask.extend(bytes(length))
-                logprobs.extend(_zeros(length))
+                mask.frombytes(bytes(length))
+                logprobs.frombytes(bytes(8 * length))
                 spans.append(Span(start, end, reason, node.id))
             start = end
     prompt_length = next(s.start for s in spans if s.trained)
@@ -235,10 +235,6 @@ def _build(
         leaf_turn=leaf_turn,
         trained_turns=tuple(trained_turns),
     )
-
-
-def _zeros(n: int) -> array[float]:
-    return array("d", bytes(8 * n))
 
 
 def _apply_limit(sample: Sample, limit: LengthLimit) -> tuple[Sample | None, list[Exclusion]]:

@@ -15,6 +15,7 @@ one thread (an event loop).
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class Node:
         if own is None:
             return False
         key = message.key
-        if own.key == key or key in self.aliases:
+        if (self.aliases and key in self.aliases) or own.key == key:
             return True
         if same_message(own, message):
             if len(self.aliases) < _MAX_ALIASES:
@@ -221,7 +222,16 @@ class SessionTree:
             anchor = node = root
             length = 0
             for index, message in enumerate(prompt.messages):
-                child = _best_child(node, message)
+                # The common case, inlined: one child whose key is the message's key.
+                children = node.children
+                if (
+                    len(children) == 1
+                    and (only := children[0]).message is not None
+                    and (only.message.key == message.key)
+                ):
+                    child: Node | None = only
+                else:
+                    child = _best_child(node, message)
                 if child is None:
                     break
                 node = child
@@ -415,6 +425,12 @@ def _as_ids(values: Sequence[int], what: str) -> array[int]:
         ids = values if isinstance(values, array) and values.typecode == "i" else array("i", values)
     except (TypeError, OverflowError) as exc:
         raise InvalidTurn(f"{what}: token ids must be int32 integers ({exc})") from None
-    if ids and min(ids) < 0:
+    # A negative int32 has its sign bit set: test the top byte of every id at C speed.
+    if ids and not ids.tobytes()[_SIGN_BYTE::4].isascii():
         raise InvalidTurn(f"{what}: negative token id {min(ids)}")
     return ids
+
+
+if array("i").itemsize != 4:  # pragma: no cover - every supported platform has a 32-bit int
+    raise ImportError("trajectory-tree stores token ids as 32-bit C ints; this platform has none")
+_SIGN_BYTE = 3 if sys.byteorder == "little" else 0

@@ -11,7 +11,6 @@ from .errors import InvalidTurn
 from .messages import Message
 from .reasons import FinishReason
 
-
 LOGPROB_ROUNDING = 1e-4
 """Engines compute log-softmax in low precision; a certain token can come back as +1e-7. Such
 values are kept as returned; anything larger is not a log-probability and is refused."""
