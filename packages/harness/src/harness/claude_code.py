@@ -126,7 +126,7 @@ class ClaudeCodeTally(EventTally):
         self._tool_ids: set[str] = set()
 
     def observe(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
+        kind = as_str(event.get("type"))
         if kind == "assistant":
             self._observe_reply(as_dict(event.get("message")))
         elif kind == "result":

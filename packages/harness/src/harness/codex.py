@@ -9,7 +9,6 @@ Codex does not know; a catalog name would switch it to a tool-less "code mode".
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -23,15 +22,25 @@ from harness.launch import Launch
 CODEX_CLI = NpmCli("@openai/codex", "0.169.0", bin="codex")
 
 #: Host variables that would authenticate or route Codex elsewhere.
-_UNSET = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY", "CODEX_HOME")
+_UNSET = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY")
 
 #: Item types of `codex exec --json` that are messages or notices, not tool invocations.
 _NON_TOOL_ITEMS = frozenset({"agent_message", "reasoning", "error", "user_message"})
 
 
 def _toml_string(value: str) -> str:
-    """A TOML basic string: JSON's escapes (\\", \\\\, \\n, \\uXXXX) are all valid TOML."""
-    return json.dumps(value, ensure_ascii=True)
+    """A TOML basic string: quote and backslash escaped, control characters as \\uXXXX,
+    everything else literal (the file is UTF-8)."""
+    value.encode("utf-8")  # a lone surrogate cannot be written: fail here, clearly
+    escaped = []
+    for char in value:
+        if char in {'"', "\\"}:
+            escaped.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            escaped.append(f"\\u{ord(char):04X}")
+        else:
+            escaped.append(char)
+    return '"' + "".join(escaped) + '"'
 
 
 def _toml_key(value: str) -> str:
@@ -110,6 +119,10 @@ class Codex(Harness):
         return [
             str(bin_path),
             "exec",
+            # Fail closed: should config.toml ever go unread (a wrong CODEX_HOME), Codex
+            # exits with "provider not found" instead of falling back to the public API.
+            "--config",
+            f"model_provider={_toml_string(self.provider)}",
             "--skip-git-repo-check",
             "--json",
             "--dangerously-bypass-approvals-and-sandbox",
@@ -154,7 +167,7 @@ class CodexTally(EventTally):
         self._tool_ids: set[str] = set()
 
     def observe(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
+        kind = as_str(event.get("type"))
         if kind == "turn.started":
             self.turns += 1
         elif kind in {"item.started", "item.updated", "item.completed"}:

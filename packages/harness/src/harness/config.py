@@ -90,10 +90,16 @@ class AgentEndpoint:
             raise ValueError(f"base_url must not carry a query or fragment: {self.base_url!r}")
         if parts.path.rstrip("/").endswith("/v1"):
             raise ValueError(f"base_url must not end in /v1 (harnesses add it): {self.base_url!r}")
-        if not self.token or any(c.isspace() for c in self.token):
-            raise ValueError("token must be non-empty and contain no whitespace")
+        if not self.token or not all(
+            c.isascii() and c.isprintable() and not c.isspace() for c in self.token
+        ):
+            raise ValueError("token must be non-empty printable ASCII without whitespace")
         if not self.model.strip() or "\0" in self.model or "\n" in self.model:
             raise ValueError(f"invalid model name: {self.model!r}")
+        try:
+            self.model.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"model name is not valid Unicode: {self.model!r}") from error
         if self.context_window <= 0:
             raise ValueError(f"context_window must be positive, got {self.context_window}")
 

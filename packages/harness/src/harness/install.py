@@ -107,10 +107,10 @@ async def verify_cli(cli: NpmCli, prefix: Path, config: InstallConfig) -> str:
     with tempfile.TemporaryDirectory(prefix="harness-verify-") as home:
         # A throwaway HOME: a CLI may create its state directory even for --version.
         env = {**_base_env(config), "HOME": home}
-        code, output = await _run([str(binary), "--version"], env, config.verify_timeout)
+        code, output, errors = await _run([str(binary), "--version"], env, config.verify_timeout)
     output = output.strip()
     if code != 0:
-        raise InstallError(f"{binary} --version exited {code}: {output[-_OUTPUT_TAIL:]}")
+        raise InstallError(f"{binary} --version exited {code}: {errors[-_OUTPUT_TAIL:]}")
     if cli.version not in output:
         raise InstallError(f"{binary} --version printed {output!r}, expected {cli.version}")
     return output
@@ -121,27 +121,31 @@ async def _npm_install(cli: NpmCli, config: InstallConfig, staging: Path) -> Non
     if npm is None:
         raise InstallError(f"npm not found (looked for {config.npm!r})")
     argv = [npm, "install", "--prefix", str(staging), cli.spec, "--no-audit", "--no-fund"]
-    code, output = await _run(argv, _base_env(config), config.install_timeout)
+    code, _, errors = await _run(argv, _base_env(config), config.install_timeout)
     if code != 0:
-        raise InstallError(f"npm install {cli.spec} exited {code}: {output[-_OUTPUT_TAIL:]}")
+        raise InstallError(f"npm install {cli.spec} exited {code}: {errors[-_OUTPUT_TAIL:]}")
 
 
 def _base_env(config: InstallConfig) -> dict[str, str]:
     return dict(os.environ if config.npm_env is None else config.npm_env)
 
 
-async def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """Run a host command in its own process group; kill the group at the timeout."""
+async def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run a host command in its own process group; kill the group at the timeout.
+
+    Returns (exit code, stdout, stderr); stdout alone is the answer (Codex prints warnings
+    on stderr even for --version).
+    """
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        stderr=asyncio.subprocess.PIPE,
         env=env,
         start_new_session=True,
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except BaseException as error:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -151,7 +155,7 @@ async def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[in
             raise InstallError(f"{argv[0]} did not finish within {timeout:.0f}s") from error
         raise
     assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def _write_marker(prefix: Path, cli: NpmCli, version_output: str) -> None:

@@ -45,6 +45,10 @@ class Launch:
                     f"an argument of {len(arg.encode())} bytes exceeds the kernel's "
                     f"{MAX_ARGUMENT_BYTES}-byte limit for one argv string"
                 )
+        overlap = set(self.unset_env) & set(self.env)
+        if overlap:
+            # `env -u` would also remove our own value: the CLI would silently run without it.
+            raise LaunchError(f"variables both set and unset: {sorted(overlap)}")
         try:
             validate_env(self.env)
         except ValueError as error:

@@ -1,0 +1,172 @@
+"""Installing pinned CLIs from npm: the real packages, a verified marker, idempotence,
+concurrency and crash leftovers (the latter with a small real npm package to stay fast)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import CLAUDE_CODE_CLI, CODEX_CLI, InstallConfig, InstalledCli, NpmCli, install_cli
+from harness.errors import InstallError
+from harness.install import MARKER_NAME, read_install
+
+from .conftest import require_npm
+
+# A tiny real CLI (one file, no dependencies) whose `--version` prints its version.
+JSON5 = NpmCli("json5", "2.2.3", bin="json5")
+
+
+def run_version(installed: InstalledCli, home: Path) -> str:
+    done = subprocess.run(
+        [str(installed.bin_path), "--version"],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [("claude_install", "2.1.330 (Claude Code)"), ("codex_install", "codex-cli 0.169.0")],
+)
+def test_real_cli_installs_and_reports_its_pinned_version(
+    fixture: str, expected: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    installed: InstalledCli = request.getfixturevalue(fixture)
+    assert installed.prefix.name == installed.cli.install_dir_name
+    assert installed.version_output == expected
+    assert run_version(installed, tmp_path) == expected
+    marker = json.loads((installed.prefix / MARKER_NAME).read_text())
+    assert marker == {
+        "package": installed.cli.package,
+        "version": installed.cli.version,
+        "bin": installed.cli.bin,
+        "version_output": expected,
+    }
+
+
+async def test_installed_cli_is_reused_without_running_npm(
+    claude_install: InstalledCli, codex_install: InstalledCli
+) -> None:
+    # An npm that does not exist proves the fast path never reaches npm.
+    config = InstallConfig(cache_dir=claude_install.prefix.parent, npm="no-such-npm-binary")
+    assert await install_cli(CLAUDE_CODE_CLI, config) == claude_install
+    assert await install_cli(CODEX_CLI, config) == codex_install
+
+
+@pytest.fixture
+def npm_log(tmp_path: Path) -> tuple[Path, Path]:
+    """A wrapper around the real npm that logs each invocation; returns (wrapper, log)."""
+    require_npm()
+    real = shutil.which("npm")
+    log = tmp_path / "npm-invocations.log"
+    wrapper = tmp_path / "npm-logged"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, log
+
+
+async def test_concurrent_installers_run_npm_once(
+    tmp_path: Path, npm_log: tuple[Path, Path]
+) -> None:
+    wrapper, log = npm_log
+    config = InstallConfig(cache_dir=tmp_path / "cache", npm=str(wrapper))
+    results = await asyncio.gather(*(install_cli(JSON5, config) for _ in range(4)))
+    assert len(set(results)) == 1
+    assert len(log.read_text().splitlines()) == 1
+    assert results[0].version_output == "2.2.3"
+    leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert leftovers == [f".{JSON5.install_dir_name}.lock", JSON5.install_dir_name]
+
+
+async def test_crash_leftovers_are_replaced_by_a_verified_install(
+    tmp_path: Path, npm_log: tuple[Path, Path]
+) -> None:
+    wrapper, log = npm_log
+    cache = tmp_path / "cache"
+    prefix = cache / JSON5.install_dir_name
+    # What a crashed installer can leave: a staging directory, and (from an older layout or
+    # a hand-made copy) a final directory without a marker.
+    (cache / f".{JSON5.install_dir_name}.partial-dead").mkdir(parents=True)
+    (prefix / "node_modules").mkdir(parents=True)
+    (prefix / "junk").write_text("half written")
+    assert read_install(JSON5, prefix) is None
+    installed = await install_cli(JSON5, InstallConfig(cache_dir=cache, npm=str(wrapper)))
+    assert installed.prefix == prefix
+    assert not (prefix / "junk").exists()
+    assert os.access(installed.bin_path, os.X_OK)
+    assert [p.name for p in cache.iterdir() if "partial" in p.name] == []
+    assert len(log.read_text().splitlines()) == 1
+
+
+async def test_a_marker_for_another_version_is_not_trusted(
+    tmp_path: Path, npm_log: tuple[Path, Path]
+) -> None:
+    wrapper, _ = npm_log
+    cache = tmp_path / "cache"
+    installed = await install_cli(JSON5, InstallConfig(cache_dir=cache, npm=str(wrapper)))
+    marker = installed.prefix / MARKER_NAME
+    data = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**data, "version": "2.2.2"}))
+    assert read_install(JSON5, installed.prefix) is None
+    marker.write_text("{not json")
+    assert read_install(JSON5, installed.prefix) is None
+
+
+async def test_failed_install_raises_and_leaves_nothing_behind(
+    tmp_path: Path, npm_log: tuple[Path, Path]
+) -> None:
+    wrapper, _ = npm_log
+    cache = tmp_path / "cache"
+    missing = NpmCli("json5", "99.99.99", bin="json5")
+    with pytest.raises(InstallError, match=r"npm install json5@99\.99\.99 exited"):
+        await install_cli(missing, InstallConfig(cache_dir=cache, npm=str(wrapper)))
+    assert [p.name for p in cache.iterdir()] == [f".{missing.install_dir_name}.lock"]
+
+
+async def test_wrong_bin_name_fails_verification(
+    tmp_path: Path, npm_log: tuple[Path, Path]
+) -> None:
+    wrapper, _ = npm_log
+    cache = tmp_path / "cache"
+    wrong = NpmCli("json5", "2.2.3", bin="not-json5")
+    with pytest.raises(InstallError, match="not an executable"):
+        await install_cli(wrong, InstallConfig(cache_dir=cache, npm=str(wrapper)))
+    assert not (cache / wrong.install_dir_name).exists()
+
+
+async def test_missing_npm_is_a_clear_error(tmp_path: Path) -> None:
+    config = InstallConfig(cache_dir=tmp_path / "cache", npm="no-such-npm-binary")
+    with pytest.raises(InstallError, match="npm not found"):
+        await install_cli(JSON5, config)
+
+
+@pytest.mark.parametrize(
+    ("package", "version", "bin_name", "message"),
+    [
+        ("json5", "^2.2.3", "json5", "exact version"),
+        ("json5", "latest", "json5", "exact version"),
+        ("JSON5", "2.2.3", "json5", "npm package name"),
+        ("@scope/", "1.0.0", "x", "npm package name"),
+        ("json5", "2.2.3", "../json5", "command name"),
+    ],
+)
+def test_npm_cli_refuses_ranges_and_bad_names(
+    package: str, version: str, bin_name: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        NpmCli(package, version, bin=bin_name)
+
+
+def test_install_dir_names_are_distinct_and_path_safe() -> None:
+    assert CLAUDE_CODE_CLI.install_dir_name == "anthropic-ai+claude-code@2.1.330"
+    assert CODEX_CLI.install_dir_name == "openai+codex@0.169.0"
+    assert CLAUDE_CODE_CLI.spec == "@anthropic-ai/claude-code@2.1.330"
