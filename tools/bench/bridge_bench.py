@@ -35,12 +35,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+from transformers import PreTrainedTokenizerFast
+
 from protocol_adapters.parsing import BuiltinReplyParser
 from protocol_adapters.rendering import Renderer, RendererConfig, qwen3_template
 from protocol_adapters.rendering.template_messages import template_messages, template_tools
 from protocol_adapters.tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-from rich.console import Console
-from rich.table import Table
 from trajectory_tree import (
     Completion,
     FinishReason,
@@ -50,7 +52,6 @@ from trajectory_tree import (
     Text,
     ToolSpec,
 )
-from transformers import PreTrainedTokenizerFast
 
 QUOTED_FULL_MS = {8000: 26.0, 32000: 107.0, 128000: 450.0}
 TOOLS = tuple(

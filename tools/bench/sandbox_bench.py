@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
 from sandbox import LocalBackend, LocalConfig, SandboxSpec, checkout_repo
 
 GIT_ENV = {

@@ -45,10 +45,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from protocol_adapters.dialects.anthropic import parse_request
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text as RichText
+
+from protocol_adapters.dialects.anthropic import parse_request
 from trajectory_tree import (
     BridgedPrompt,
     Completion,

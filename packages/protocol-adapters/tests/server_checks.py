@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from trajectory_tree import Linearization, SessionTree
-
 from protocol_adapters.testing.stack import LocalStack
+from trajectory_tree import Linearization, SessionTree
 
 
 def assert_engine_tokens_trained(stack: LocalStack, tree: SessionTree, lin: Linearization) -> None:

@@ -23,6 +23,8 @@ from anthropic.types import RawMessageStreamEvent
 from anthropic.types.shared import ErrorResponse
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
+
 from protocol_adapters.dialects import DIALECTS
 from protocol_adapters.dialects.anthropic import (
     RAW_ARGUMENTS_KEY,
@@ -43,7 +45,6 @@ from protocol_adapters.types import (
     ToolCallDone,
     Usage,
 )
-from pydantic import TypeAdapter
 from trajectory_tree import Media, Message, Reasoning, Text, ToolCall, same_message
 
 FIXTURE = Path(__file__).parent / "fixtures" / "requests" / "claude_code_turn.json"

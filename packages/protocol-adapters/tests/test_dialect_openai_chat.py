@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
 from protocol_adapters.dialects import DIALECTS
 from protocol_adapters.dialects.openai_chat import (
     StreamEncoder,

@@ -20,6 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
 from protocol_adapters.dialects import DIALECTS
 from protocol_adapters.dialects.opaque import decode_reasoning, encode_reasoning
 from protocol_adapters.dialects.openai_responses import (
@@ -39,7 +41,6 @@ from protocol_adapters.types import (
     ToolCallDone,
     Usage,
 )
-from pydantic import TypeAdapter
 from trajectory_tree import Message, Reasoning, Text, ToolCall, same_message
 
 FIXTURE = Path(__file__).parent / "fixtures" / "requests" / "codex_turn.json"

@@ -9,6 +9,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from transformers import PreTrainedTokenizerFast
+
 from protocol_adapters.testing import (
     EngineDouble,
     Faults,
@@ -16,7 +18,6 @@ from protocol_adapters.testing import (
     ScriptedReply,
     qwen3_text,
 )
-from transformers import PreTrainedTokenizerFast
 
 FIXTURE = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 

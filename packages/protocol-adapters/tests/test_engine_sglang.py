@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers import PreTrainedTokenizerFast
+
 from protocol_adapters.engine import (
     Engine,
     GenerateChunk,
@@ -20,7 +22,6 @@ from protocol_adapters.engine import (
 from protocol_adapters.testing import EngineDouble, Faults, Malformation, ScriptedReply
 from protocol_adapters.types import AdapterError, ErrorKind
 from trajectory_tree import FinishReason
-from transformers import PreTrainedTokenizerFast
 
 FIXTURE = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from protocol_adapters.engine import GenerateRequest, SamplingParams, SGLangConfig
 from protocol_adapters.engine.sse import SSEParser
 from protocol_adapters.engine.wire import (

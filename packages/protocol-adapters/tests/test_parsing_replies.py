@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from protocol_adapters.parsing import (
     BuiltinReplyParser,
     IncrementalDecoder,

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
+from transformers import PreTrainedTokenizerFast
+
 from protocol_adapters.parsing import BuiltinReplyParser
 from protocol_adapters.rendering import ChatTemplate, Renderer, RendererConfig, qwen3_template
 from protocol_adapters.rendering.renderer import ENDS_ON_REPLY, FAILED_CHECK
@@ -36,7 +38,6 @@ from trajectory_tree import (
     ToolSpec,
     linearize,
 )
-from transformers import PreTrainedTokenizerFast
 
 TOOLS = (
     ToolSpec(

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import PreTrainedTokenizerFast
+
 from protocol_adapters.parsing import BuiltinReplyParser
 from protocol_adapters.rendering import Renderer, RendererConfig, qwen3_template
 from protocol_adapters.rendering.template_messages import template_messages, template_tools
@@ -29,7 +31,6 @@ from trajectory_tree import (
     ToolSpec,
     linearize,
 )
-from transformers import PreTrainedTokenizerFast
 
 SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 TOOLS = (ToolSpec("bash", "Run a command.", json.dumps({"type": "object"})),)

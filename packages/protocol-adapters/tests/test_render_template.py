@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from protocol_adapters.rendering import ChatTemplate, TemplateError, qwen3_template
 from trajectory_tree import Message, ToolSpec
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import anthropic
 import pytest
+
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.tokenizer import Vocabulary

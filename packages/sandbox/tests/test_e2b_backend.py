@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from sandbox.e2b_backend import E2BBackend, E2BConfig, E2BSandbox, exit_code_from_envd
 from sandbox.errors import SandboxBootError, SandboxFileNotFoundError, UnsupportedSpecError
 from sandbox.retry import RetryPolicy

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from sandbox.errors import SandboxCommandError
 from sandbox.git_diff import UnsafePatchError, apply_diff, capture_diff, check_patch_paths
 from sandbox.local import LocalBackend

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
 
 import pytest
+
 from sandbox.errors import (
     SandboxClosedError,
     SandboxCommandError,

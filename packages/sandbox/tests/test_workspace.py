@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from sandbox.local import LocalSandbox
 from sandbox.workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
 

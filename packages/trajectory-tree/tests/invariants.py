@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from session_kit import Session
+
 from trajectory_tree import (
     FinishReason,
     LengthLimit,

@@ -15,6 +15,7 @@ from session_kit import (
     tool_result,
     user,
 )
+
 from trajectory_tree import LossReason, Message, TurnMeta
 
 SYS = system("You are the main agent.")

@@ -14,6 +14,8 @@ def test_fractional_floats_still_distinguished() -> None:
 
 
 def test_echo_with_js_number_formatting_matches_reply() -> None:
-    reply = Message("assistant", (ToolCall("c1", "bash", '{"cmd": "sleep 1", "timeout": 60000.0}'),))
+    reply = Message(
+        "assistant", (ToolCall("c1", "bash", '{"cmd": "sleep 1", "timeout": 60000.0}'),)
+    )
     echo = Message("assistant", (ToolCall("c1", "bash", '{"cmd":"sleep 1","timeout":60000}'),))
     assert same_message(reply, echo)

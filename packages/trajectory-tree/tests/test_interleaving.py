@@ -18,6 +18,7 @@ from session_kit import (
     tool_result,
     user,
 )
+
 from trajectory_tree import LossReason, Message, TurnMeta
 
 

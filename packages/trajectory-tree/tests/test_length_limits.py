@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from invariants import check_session
 from session_kit import Session, call, prompt, reply, system, tool_result, user
+
 from trajectory_tree import LengthLimit, LengthMode, LossReason, linearize
 
 SYS = system("agent")

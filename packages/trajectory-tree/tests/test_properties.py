@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from invariants import check_linearization, check_recorded, check_session
 from session_kit import (
@@ -31,10 +31,13 @@ from session_kit import (
     user,
     without_reasoning,
 )
+
 from trajectory_tree import (
     FinishReason,
     LengthLimit,
     LengthMode,
+    Linearization,
+    LossReason,
     Message,
     Prompt,
     RewardPolicy,
@@ -49,7 +52,7 @@ from trajectory_tree import (
 )
 
 PROPERTY_SETTINGS = settings(
-    max_examples=120,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -99,7 +102,7 @@ def _send(data: st.DataObject, s: Session, client: Client, retry: bool) -> None:
         finish = FinishReason.LENGTH if kind == "length" else FinishReason.ABORT
     elif kind == "noise":
         output = data.draw(st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=6))
-    full = "fallback" if data.draw(st.integers(0, 6)) == 0 else None
+    full = "fallback" if data.draw(st.integers(0, 3)) == 0 else None
     meta = TurnMeta(side_request=data.draw(st.integers(0, 19)) == 0)
     client.pending = s.start(p, answer, output=output, finish=finish, full=full, meta=meta)
     client.last = p
@@ -127,7 +130,8 @@ def _derived(data: st.DataObject, source: Client) -> Client:
     kind = data.draw(st.sampled_from(["fork", "edit", "compact"]))
     if kind == "compact":
         return Client(source.tools, [history[0], user("summary: " + str(len(history)))])
-    cuts = [i for i in range(1, len(history)) if history[i].role != "assistant"]
+    # Interior points after a generated reply, where a fork shares generated turns.
+    cuts = [i for i in range(3, len(history)) if history[i].role != "assistant"]
     cut = data.draw(st.sampled_from(cuts)) + 1 if cuts else len(history)
     copied = list(history[:cut])
     if kind == "edit":
@@ -142,10 +146,11 @@ def _derived(data: st.DataObject, source: Client) -> Client:
 def _session(data: st.DataObject) -> tuple[Session, list[Client]]:
     s = Session(fmt=ChatFormat(strip_history_reasoning=data.draw(st.booleans())))
     clients: list[Client] = []
-    for _ in range(data.draw(st.integers(1, 30))):
+    for _ in range(data.draw(st.integers(1, 45))):
         idle = [c for c in clients if c.pending is None]
         busy = [c for c in clients if c.pending is not None]
-        ops = ["new"] + ["send", "retry", "derive"] * bool(idle) + ["receive"] * 3 * bool(busy)
+        ops = ["new", *["send"] * 4, "retry", "derive"] if idle else ["new"]
+        ops += ["receive"] * 4 * bool(busy)
         op = data.draw(st.sampled_from(ops))
         if op == "new":
             tools = data.draw(st.sampled_from(TOOLSETS))
@@ -163,11 +168,28 @@ def _session(data: st.DataObject) -> tuple[Session, list[Client]]:
     return s, clients
 
 
+def _label(s: Session, lin: Linearization) -> None:
+    """Hypothesis statistics (``--hypothesis-show-statistics``): what the sessions exercised."""
+    turns = s.tree.turns
+    reasons = {e.reason for e in lin.exclusions}
+    event(f"turns>={min(len(turns) // 5 * 5, 20)}")
+    event(f"samples>={min(len(lin.samples), 4)}")
+    for reason in reasons:
+        event(f"excluded {reason}")
+    if any(t.rerendered for t in turns):
+        event("re-rendered lineage")
+    if len(s.tree.roots) > 1:
+        event("several context roots")
+    if any(sp.reason is LossReason.TRAINED_IN_OTHER_SAMPLE for x in lin.samples for sp in x.spans):
+        event("shared turns")
+
+
 @PROPERTY_SETTINGS
 @given(st.data())
 def test_every_invariant_holds_for_random_sessions(data: st.DataObject) -> None:
     s, _ = _session(data)
     note(render_tree(s.tree))  # shown with a failing example
+    _label(s, lin := linearize(s.tree))
     lin = check_session(s)
     summary = summarize(s.tree, lin)
     assert summary.trained_tokens + sum(summary.excluded_tokens.values()) == sum(

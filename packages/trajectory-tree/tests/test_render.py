@@ -6,6 +6,7 @@ import sys
 
 from invariants import check_session
 from session_kit import Session, call, decode, prompt, reply, system, tool_result, user
+
 from trajectory_tree import (
     BridgedPrompt,
     Completion,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from invariants import check_session
 from session_kit import Session, call, prompt, reply, system, tool_result, user
+
 from trajectory_tree import FinishReason, LossReason, turn_exclusions
 
 SYS = system("agent")

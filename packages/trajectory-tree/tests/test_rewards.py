@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from invariants import check_linearization, check_session
 from session_kit import Session, prompt, reply, system, user
+
 from trajectory_tree import LossReason, RewardPolicy, assign_reward
 
 

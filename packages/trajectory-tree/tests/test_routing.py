@@ -19,6 +19,7 @@ from session_kit import (
     user,
     without_reasoning,
 )
+
 from trajectory_tree import (
     Media,
     Message,

@@ -22,6 +22,7 @@ from session_kit import (
     tool_result,
     user,
 )
+
 from trajectory_tree import (
     FinishReason,
     FormatError,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from invariants import check_session
 from session_kit import ChatFormat, Session, call, prompt, reply, system, tool_result, user
+
 from trajectory_tree import FinishReason, LengthLimit, LossReason, TurnMeta, summarize
 
 

@@ -27,8 +27,6 @@ import secrets
 from collections.abc import Mapping
 from typing import Literal
 
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
-
 from protocol_adapters.types import (
     ClientSampling,
     ErrorKind,
@@ -41,6 +39,7 @@ from protocol_adapters.types import (
     ToolCallDone,
     Usage,
 )
+from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
 
 from .json_shape import (
     JsonObject,

@@ -19,8 +19,6 @@ from __future__ import annotations
 import secrets
 import time
 
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
-
 from protocol_adapters.types import (
     ClientSampling,
     ErrorKind,
@@ -32,6 +30,7 @@ from protocol_adapters.types import (
     TextDelta,
     Usage,
 )
+from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
 
 from .json_shape import (
     JsonObject,

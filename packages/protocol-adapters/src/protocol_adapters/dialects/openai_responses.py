@@ -28,8 +28,6 @@ import json
 import secrets
 import time
 
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
-
 from protocol_adapters.types import (
     ClientSampling,
     ErrorKind,
@@ -42,6 +40,7 @@ from protocol_adapters.types import (
     ToolCallDone,
     Usage,
 )
+from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
 
 from .json_shape import (
     JsonObject,

@@ -13,9 +13,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trajectory_tree import FinishReason
-
 from protocol_adapters.types import AdapterError, ErrorKind
+from trajectory_tree import FinishReason
 
 from .types import GenerateChunk, GenerateRequest, GenerateResult
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trajectory_tree import ToolSpec
-
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import ParsedReply
+from trajectory_tree import ToolSpec
 
 from .config import ParserConfig
 from .decode import strip_stop_ids

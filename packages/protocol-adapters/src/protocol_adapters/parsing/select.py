@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from trajectory_tree import ToolSpec
-
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import ParsedReply, ReplyEvent
+from trajectory_tree import ToolSpec
 
 from .builtin import BuiltinReplyParser
 from .config import ParserBackend, ParserConfig

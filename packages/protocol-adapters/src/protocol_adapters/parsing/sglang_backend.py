@@ -18,10 +18,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from trajectory_tree import ToolCall, ToolSpec
-
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import ParsedReply, ReasoningDelta, ReplyEvent, TextDelta, ToolCallDone
+from trajectory_tree import ToolCall, ToolSpec
 
 from .builtin import BuiltinReplyParser
 from .config import ParserConfig

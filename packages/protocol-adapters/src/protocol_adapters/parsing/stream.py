@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from enum import Enum
 from itertools import groupby
 
-from trajectory_tree import Block, Message, Reasoning, Text, ToolSpec
-
 from protocol_adapters.types import ParsedReply, ReasoningDelta, ReplyEvent, TextDelta, ToolCallDone
+from trajectory_tree import Block, Message, Reasoning, Text, ToolSpec
 
 from .config import ParserConfig
 from .tool_markup import CallIdFactory, new_call_id, parse_tool_call

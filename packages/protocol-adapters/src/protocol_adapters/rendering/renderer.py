@@ -28,10 +28,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trajectory_tree import BridgedPrompt, FullPrompt, LossReason, Prompt, Route, Segment
-
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import AdapterError, ErrorKind
+from trajectory_tree import BridgedPrompt, FullPrompt, LossReason, Prompt, Route, Segment
 
 from .conversation import TemplateContext
 from .scaffold import closing_scaffold

@@ -17,9 +17,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from trajectory_tree import LossReason, Message, Role, Segment
-
 from protocol_adapters.tokenizer import Vocabulary
+from trajectory_tree import LossReason, Message, Role, Segment
 
 from .conversation import TemplateContext
 

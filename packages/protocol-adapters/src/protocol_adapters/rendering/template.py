@@ -24,6 +24,7 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from trajectory_tree import Message, ToolSpec
 
 from .template_messages import template_messages, template_options, template_tools

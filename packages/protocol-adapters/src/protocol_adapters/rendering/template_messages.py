@@ -7,9 +7,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from trajectory_tree import Media, Message, Reasoning, Text, ToolCall, ToolSpec
-
 from protocol_adapters.types import AdapterError, ErrorKind
+from trajectory_tree import Media, Message, Reasoning, Text, ToolCall, ToolSpec
 
 
 def template_message(message: Message) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
 from protocol_adapters.types import AdapterError
 from trajectory_tree import dumps
 

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
 from protocol_adapters.dialects import DIALECTS, Dialect
 from protocol_adapters.types import AdapterError, ErrorKind, NeutralRequest, Usage
 

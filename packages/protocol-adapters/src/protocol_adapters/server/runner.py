@@ -7,6 +7,7 @@ from types import TracebackType
 from typing import Self
 
 from aiohttp import web
+
 from protocol_adapters.engine.protocol import Engine
 from protocol_adapters.tokenizer import Vocabulary
 
