@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path, PurePosixPath
 
 import pytest
+
 from harness import CLAUDE_CODE_CLI, CODEX_CLI, CliMount, InstallConfig, InstalledCli, install_cli
 from sandbox.local import LocalBackend, LocalConfig
 

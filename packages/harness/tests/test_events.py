@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import ClaudeCode, ClaudeCodeTally, Codex, CodexTally, EventStats
-from harness.events import summarize_lines
 from hypothesis import given
 from hypothesis import strategies as st
+
+from harness import ClaudeCode, ClaudeCodeTally, Codex, CodexTally, EventStats
+from harness.events import summarize_lines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

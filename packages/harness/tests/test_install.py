@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from harness import CLAUDE_CODE_CLI, CODEX_CLI, InstallConfig, InstalledCli, NpmCli, install_cli
 from harness.errors import InstallError
 from harness.install import MARKER_NAME, read_install

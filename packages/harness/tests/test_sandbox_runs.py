@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from harness import AgentEndpoint, AgentRun, ClaudeCode, CliMount, Codex, Harness, InstalledCli
 from harness.errors import LaunchError
 from harness.testing import RecordingEndpoint

@@ -13,8 +13,6 @@ from abc import ABC, abstractmethod
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
-from sandbox.protocol import Sandbox
-
 from harness.config import AgentEndpoint, InstallConfig, NpmCli
 from harness.errors import LaunchError
 from harness.events import EventStats, EventTally, summarize_file
@@ -22,6 +20,7 @@ from harness.install import InstalledCli, install_cli
 from harness.launch import Launch
 from harness.mount import CliMount
 from harness.run import AgentRun, run_launch
+from sandbox.protocol import Sandbox
 
 #: Where per-run state (a fresh HOME, config files) is created inside the sandbox. Not under
 #: /tmp: Codex refuses to set up its helper binaries under the temporary directory.

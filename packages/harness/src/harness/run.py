@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.protocol import Sandbox
-
 from harness.events import EventStats, EventTally, summarize_file
 from harness.launch import Launch
+from sandbox.protocol import Sandbox
 
 EVENTS_FILE = "events.jsonl"
 STDERR_FILE = "stderr.log"

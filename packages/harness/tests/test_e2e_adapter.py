@@ -1,0 +1,163 @@
+"""End to end: the real Claude Code and the real Codex in a local sandbox, on a tiny git
+repository, served by the real protocol adapter (AdapterServer) in front of the SGLang-wire
+engine double with the real Qwen3 tokenizer.
+
+The scripted "model" edits a file through each CLI's own tool; the test then checks the
+three things an RL user relies on: the agent's diff (captured inside the sandbox) is exactly
+that edit, the CLI's event stream tells the same story, and every loss-1 token in the
+session's samples is an id the engine produced, in order, with its logprob.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import AgentEndpoint, ClaudeCode, Codex, Harness, InstalledCli
+from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.testing import ScriptedReply
+from protocol_adapters.testing.stack import LocalStack, local_stack
+from sandbox.git_diff import capture_diff
+from sandbox.local import LocalBackend
+from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
+from trajectory_tree import SessionTree, linearize
+
+from .conftest import mount_for
+
+# The engine double serves a 32768-token context; the adapter and the CLIs must agree with it.
+CONTEXT_WINDOW = 32768
+POLICY = "policy-e2e"
+TASK = "Change the greeting in greeting.py to 'hello, world'."
+EDIT = 'sed -i \'s/"hello"/"hello, world"/\' greeting.py'
+CODEX_PATCH = """apply_patch <<'PATCH'
+*** Begin Patch
+*** Update File: greeting.py
+@@
+-GREETING = "hello"
++GREETING = "hello, world"
+*** End Patch
+PATCH
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    harness: Harness
+    script: Sequence[ScriptedReply]
+    request_path: str
+
+
+CASES = {
+    "claude-code": Case(
+        ClaudeCode(max_turns=5),
+        [
+            ScriptedReply(
+                reasoning="The greeting lives in greeting.py; one sed call changes it.",
+                text="I'll update the greeting.",
+                tool_calls=[("Bash", {"command": EDIT, "description": "Update the greeting"})],
+            ),
+            ScriptedReply(text="Done: greeting.py now says hello, world."),
+        ],
+        "/v1/messages",
+    ),
+    "codex": Case(
+        Codex(),
+        [
+            ScriptedReply(
+                reasoning="Patch greeting.py with apply_patch.",
+                tool_calls=[("exec_command", {"cmd": CODEX_PATCH})],
+            ),
+            ScriptedReply(text="Done: greeting.py now says hello, world."),
+        ],
+        "/v1/responses",
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def tokenizer_cache(request: pytest.FixtureRequest) -> Path:
+    # The same pytest cache entry the protocol-adapters tests use: built once per machine.
+    return Path(request.config.cache.mkdir("qwen3-tokenizer"))
+
+
+def changed_lines(patch: bytes) -> list[str]:
+    lines = patch.decode().splitlines()
+    return [
+        line for line in lines if re.match(r"^[+-]", line) and not line.startswith(("+++", "---"))
+    ]
+
+
+def assert_trained_tokens_are_the_engines(stack: LocalStack, tree: SessionTree) -> None:
+    """Loss-1 tokens, sample by sample, are exactly the double's output ids with its logprobs;
+    and every turn's prompt is exactly what the engine received."""
+    received = {r.rid: r for r in stack.double.requests}
+    assert len(received) == len(tree.turns)
+    for turn in tree.turns:
+        assert list(tree.prompt_ids(turn)) == list(received[turn.meta.request_id].input_ids)
+    trained_turns = []
+    for sample in linearize(tree).samples:
+        for span in sample.spans:
+            if not span.trained:
+                continue
+            assert span.turn is not None
+            turn = tree.turns[span.turn]
+            assert list(sample.tokens[span.start : span.end]) == list(tree.output_ids(turn))
+            assert all(sample.loss_mask[span.start : span.end])
+            assert list(sample.logprobs[span.start : span.end]) == [-0.125] * (
+                span.end - span.start
+            )
+            trained_turns.append(span.turn)
+    assert sorted(trained_turns) == list(range(len(tree.turns)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+async def test_real_cli_edits_through_its_tool_and_trains_engine_tokens(
+    name: str,
+    backend: LocalBackend,
+    tiny_repo: tuple[Path, str],
+    tokenizer_cache: Path,
+    claude_install: InstalledCli,
+    codex_install: InstalledCli,
+    tmp_path: Path,
+) -> None:
+    case = CASES[name]
+    installed = claude_install if name == "claude-code" else codex_install
+    repo, base = tiny_repo
+    mount = await mount_for(backend, installed)
+    config = AdapterConfig(models=(POLICY,), limits=SessionLimits(context_tokens=CONTEXT_WINDOW))
+    async with local_stack(case.script, tokenizer_cache=tokenizer_cache, config=config) as stack:
+        session = stack.server.sessions.open(f"e2e-{name}")
+        host, port = stack.server.config.host, int(stack.server.url.rsplit(":", 1)[1])
+        spec = SandboxSpec(
+            workspace=GitWorkspace(repo, base),
+            network=ForwardedEndpoint(host, port),
+            read_only_binds=(mount.bind,) if await backend.isolation_available() else (),
+        )
+        async with await backend.create(spec) as box:
+            assert box.endpoint_url is not None
+            endpoint = AgentEndpoint(box.endpoint_url, session.token, POLICY, CONTEXT_WINDOW)
+            run = await case.harness.run(
+                box, mount, endpoint, TASK, budget=120, output_dir=tmp_path / "run"
+            )
+            diff = await capture_diff(box, base)
+
+    assert (run.exit_code, run.timed_out) == (0, False), (run.stats.error, run.stderr_tail)
+    assert run.stats.error is None, run.stats
+    assert run.stats.result_text == "Done: greeting.py now says hello, world."
+    assert run.stats.tool_calls == 1
+    assert run.stats.malformed_lines == 0
+
+    assert diff.changed_paths == ("greeting.py",)
+    assert changed_lines(diff.patch) == ['-GREETING = "hello"', '+GREETING = "hello, world"']
+
+    tree = session.tree
+    assert len(tree.turns) == len(case.script)
+    for turn, reply in zip(tree.turns, case.script, strict=True):
+        assert list(tree.output_ids(turn)) == stack.double.reply_ids(reply)
+    assert_trained_tokens_are_the_engines(stack, tree)
