@@ -11,8 +11,14 @@ from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_voc
 
 
 @pytest.fixture(scope="session")
-def tokenizer_cache(request: pytest.FixtureRequest) -> Path:
-    return Path(request.config.cache.mkdir("qwen3-tokenizer"))
+def tokenizer_cache(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """pytest's cache dir, so the ~2 s build happens once per checkout; a temp dir without it."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:
+        return tmp_path_factory.mktemp("qwen3-tokenizer")
+    return Path(cache.mkdir("qwen3-tokenizer"))
 
 
 @pytest.fixture(scope="session")
