@@ -1,0 +1,154 @@
+"""One real agent CLI session through the real adapter, and what must hold afterwards.
+
+The CLI runs on the host against ``local_stack`` (real tokenizer, template, server and SGLang
+client; the engine double behind them) with exactly the settings harness builds for a sandbox:
+fresh HOME (and CODEX_HOME), quiet and offline variables, the session token as API key, a model
+name the CLI does not know and the compaction window set to the engine's context length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from harness import AgentEndpoint, EventStats, Harness, InstalledCli
+from harness.events import summarize_lines
+from protocol_adapters.rendering.renderer import RendererConfig
+from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.tokenizer import Vocabulary
+from trajectory_tree import FinishReason, LossReason, SessionTree, linearize, render_tree
+
+from .host_cli import HostRun, run_on_host
+from .scripted_agent import ALL_COMMANDS, FINAL_ANSWER, STEPS, ShellSessionAgent
+from .trust_checks import assert_engine_tokens_trained, assert_outputs_are_generations
+
+ENGINE_CONTEXT = 32768
+"""The engine double's context length: the adapter's limit and the CLI's compaction window."""
+POLICY_MODEL = "policy-under-training"
+"""A model name neither CLI knows (see CLIENTS.md: a known name changes their behaviour)."""
+TASK = "Create the three marker files with the shell tool, then say that you are done."
+CLI_TIMEOUT = 60.0
+
+
+def engine_logprob(position: int, token_id: int) -> float:
+    """A logprob that differs from token to token (multiples of 1/64, exact in JSON), so any
+    misalignment between ids and logprobs shows."""
+    return -(1 + (token_id * 7 + position) % 50) / 64
+
+
+@dataclass(frozen=True, slots=True)
+class CliSession:
+    harness: Harness
+    run: HostRun
+    events: EventStats
+    stack: LocalStack
+    tree: SessionTree
+    agent: ShellSessionAgent
+    workdir: Path
+
+
+async def run_cli_session(
+    harness: Harness, installed: InstalledCli, vocabulary: Vocabulary, tmp_path: Path
+) -> CliSession:
+    agent = ShellSessionAgent(vocabulary)
+    config = AdapterConfig(limits=SessionLimits(context_tokens=ENGINE_CONTEXT))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    async with local_stack(
+        agent,
+        tokenizer_cache=tmp_path,  # unused: the vocabulary is given
+        vocabulary=vocabulary,
+        config=config,
+        renderer_config=RendererConfig(check_sample_rate=1.0),
+        logprob=engine_logprob,
+    ) as stack:
+        assert stack.double.context_length == ENGINE_CONTEXT
+        session = stack.server.sessions.open(f"{harness.name}-host")
+        endpoint = AgentEndpoint(
+            base_url=stack.server.url,
+            token=session.token,
+            model=POLICY_MODEL,
+            context_window=ENGINE_CONTEXT,
+        )
+        plan = harness.launch(
+            bin_path=PurePosixPath(installed.bin_path),
+            endpoint=endpoint,
+            task=TASK,
+            state_dir=PurePosixPath(tmp_path / "state"),
+        )
+        run = await run_on_host(plan, workdir, CLI_TIMEOUT)
+    events = summarize_lines(run.stdout.splitlines(), harness.new_tally())
+    return CliSession(harness, run, events, stack, session.tree, agent, workdir)
+
+
+@contextlib.contextmanager
+def explained(done: CliSession) -> Iterator[None]:
+    """On a failed assertion, show the session tree and the CLI's output."""
+    try:
+        yield
+    except AssertionError as error:
+        picture = render_tree(done.tree, width=110)
+        raise AssertionError(
+            f"{error}\n\n{picture}\n\nscript problems: {done.agent.problems}\n"
+            f"{done.harness.name}: {done.run.describe()}"
+        ) from error
+
+
+def assert_shell_session_recorded(done: CliSession) -> None:
+    """The CLI ran every scripted command and finished cleanly, and the adapter recorded the
+    session as one bridged chain whose trained tokens are exactly the engine's."""
+    assert done.run.returncode == 0
+    assert done.agent.problems == []
+    for command in ALL_COMMANDS:
+        marker = done.workdir / command.marker
+        assert marker.is_file(), f"the CLI did not run {command.line!r}"
+        assert marker.read_text().strip() == command.output
+    assert done.events.result_text == FINAL_ANSWER
+
+    tree = done.tree
+    turns = tree.turns
+    assert len(turns) == len(STEPS) + 1
+    assert all(t.finish_reason is FinishReason.STOP for t in turns)
+    assert all(t.meta.malformed_tool_calls == 0 for t in turns)
+    assert all(t.meta.extra["model"] == POLICY_MODEL for t in turns)
+    # One chain: the last reply's path holds every turn, none of them re-rendered.
+    chain = tree.node(turns[-1].node).path()
+    assert [n.turn.id for n in chain if n.turn is not None] == [t.id for t in turns]
+    assert all(t.rerendered is None for t in turns)
+
+    # Every scripted call reached the tree as a tool call, with the tool the CLI offered.
+    shell = {tool.name for tool in done.agent.shell_tools}
+    assert len(shell) == 1, f"the offered shell tool changed between turns: {shell}"
+    calls = [call for t in turns for call in t.reply.tool_calls]
+    assert [len(t.reply.tool_calls) for t in turns] == [len(s) for s in STEPS] + [0]
+    assert {call.name for call in calls} == shell
+    tool = done.agent.shell_tools[0]
+    assert [json.loads(call.arguments) for call in calls] == [
+        {tool.argument: command.line} for command in ALL_COMMANDS
+    ]
+    assert done.events.tool_calls == len(ALL_COMMANDS)
+    # ...and each result came back as the answer to its own call.
+    results = {
+        n.message.tool_call_id: n.message for n in chain if n.message and n.message.role == "tool"
+    }
+    assert set(results) == {call.id for call in calls}
+    for call, command in zip(calls, ALL_COMMANDS, strict=True):
+        assert command.output in results[call.id].plain_text
+    assert turns[-1].reply.plain_text == FINAL_ANSWER
+
+    lin = linearize(tree)
+    assert len(lin.samples) == 1, "the CLI's echo must continue one branch"
+    assert lin.exclusions == ()
+    assert all(s.reason is not LossReason.RERENDERED_HISTORY for s in lin.samples[0].spans)
+    assert lin.samples[0].trained_turns == tuple(t.id for t in turns)
+    assert_engine_tokens_trained(done.stack, tree, lin)
+    assert_outputs_are_generations(done.stack, tree, done.agent.replies)
+    stats = done.stack.renderer.stats
+    assert stats.full_renders == 0
+    assert stats.mismatches == 0
+    assert stats.bridged == stats.checked == len(turns)  # each checked against a full render

@@ -1,0 +1,31 @@
+"""The real Codex CLI, as a host process, through the real adapter (OpenAI Responses).
+
+Codex sends its system prompt as developer messages, echoes reasoning items (with encrypted
+content) and our item ids, and names its shell tool itself: the scripted model reads the tool
+from the request instead of assuming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import Codex, InstalledCli
+from protocol_adapters.tokenizer import Vocabulary
+
+from .cli_session import assert_shell_session_recorded, explained, run_cli_session
+from .scripted_agent import FIRST_REASONING
+
+
+async def test_codex_tool_session_trains_exactly_engine_tokens(
+    tmp_path: Path, codex_cli: InstalledCli, qwen_vocabulary: Vocabulary
+) -> None:
+    done = await run_cli_session(Codex(), codex_cli, qwen_vocabulary, tmp_path)
+    with explained(done):
+        assert_shell_session_recorded(done)
+        turns = done.tree.turns
+        assert {t.meta.extra["dialect"] for t in turns} == {"openai_responses"}
+        # Codex echoes the reasoning item; the single chain above proves it matched.
+        assert [r.text for r in turns[0].reply.reasoning] == [FIRST_REASONING]
+        # Developer messages (Codex's system prompt) arrive as system messages.
+        assert done.tree.request_messages(turns[0])[0].role == "system"
+        assert done.events.turns == 1  # one `codex exec` turn, three model calls
