@@ -8,11 +8,20 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from harness import CLAUDE_CODE_CLI, CODEX_CLI, InstallConfig, InstalledCli, NpmCli, install_cli
+from harness import (
+    CLAUDE_CODE_CLI,
+    CODEX_CLI,
+    InstallConfig,
+    InstalledCli,
+    NpmCli,
+    install_cli,
+    install_once,
+)
 from harness.errors import InstallError
 from harness.install import MARKER_NAME, read_install
 
@@ -35,21 +44,25 @@ def run_version(installed: InstalledCli, home: Path) -> str:
 
 
 @pytest.mark.parametrize(
-    ("fixture", "expected"),
-    [("claude_install", "2.1.330 (Claude Code)"), ("codex_install", "codex-cli 0.169.0")],
+    ("fixture", "cli", "expected"),
+    [
+        ("claude_install", CLAUDE_CODE_CLI, "2.1.330 (Claude Code)"),
+        ("codex_install", CODEX_CLI, "codex-cli 0.169.0"),
+    ],
 )
 def test_real_cli_installs_and_reports_its_pinned_version(
-    fixture: str, expected: str, request: pytest.FixtureRequest, tmp_path: Path
+    fixture: str, cli: NpmCli, expected: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     installed: InstalledCli = request.getfixturevalue(fixture)
-    assert installed.prefix.name == installed.cli.install_dir_name
+    assert installed.prefix.name == cli.install_dir_name
+    assert installed.spec == cli.spec
+    assert installed.bin_relative == f"node_modules/.bin/{cli.bin}"
     assert installed.version_output == expected
     assert run_version(installed, tmp_path) == expected
     marker = json.loads((installed.prefix / MARKER_NAME).read_text())
     assert marker == {
-        "package": installed.cli.package,
-        "version": installed.cli.version,
-        "bin": installed.cli.bin,
+        "spec": cli.spec,
+        "bin": installed.bin_relative,
         "version_output": expected,
     }
 
@@ -99,7 +112,7 @@ async def test_crash_leftovers_are_replaced_by_a_verified_install(
     (cache / f".{JSON5.install_dir_name}.partial-dead").mkdir(parents=True)
     (prefix / "node_modules").mkdir(parents=True)
     (prefix / "junk").write_text("half written")
-    assert read_install(JSON5, prefix) is None
+    assert read_install(JSON5.spec, prefix, "node_modules/.bin/json5") is None
     installed = await install_cli(JSON5, InstallConfig(cache_dir=cache, npm=str(wrapper)))
     assert installed.prefix == prefix
     assert not (prefix / "junk").exists()
@@ -116,10 +129,11 @@ async def test_a_marker_for_another_version_is_not_trusted(
     installed = await install_cli(JSON5, InstallConfig(cache_dir=cache, npm=str(wrapper)))
     marker = installed.prefix / MARKER_NAME
     data = json.loads(marker.read_text())
-    marker.write_text(json.dumps({**data, "version": "2.2.2"}))
-    assert read_install(JSON5, installed.prefix) is None
+    assert read_install(JSON5.spec, installed.prefix, installed.bin_relative) == installed
+    marker.write_text(json.dumps({**data, "spec": "json5@2.2.2"}))
+    assert read_install(JSON5.spec, installed.prefix, installed.bin_relative) is None
     marker.write_text("{not json")
-    assert read_install(JSON5, installed.prefix) is None
+    assert read_install(JSON5.spec, installed.prefix, installed.bin_relative) is None
 
 
 async def test_failed_install_raises_and_leaves_nothing_behind(
@@ -139,7 +153,7 @@ async def test_wrong_bin_name_fails_verification(
     wrapper, _ = npm_log
     cache = tmp_path / "cache"
     wrong = NpmCli("json5", "2.2.3", bin="not-json5")
-    with pytest.raises(InstallError, match="not an executable"):
+    with pytest.raises(InstallError, match="left no executable"):
         await install_cli(wrong, InstallConfig(cache_dir=cache, npm=str(wrapper)))
     assert not (cache / wrong.install_dir_name).exists()
 
@@ -171,3 +185,52 @@ def test_install_dir_names_are_distinct_and_path_safe() -> None:
     assert CLAUDE_CODE_CLI.install_dir_name == "anthropic-ai+claude-code@2.1.330"
     assert CODEX_CLI.install_dir_name == "openai+codex@0.169.0"
     assert CLAUDE_CODE_CLI.spec == "@anthropic-ai/claude-code@2.1.330"
+
+
+def script_installer(body: str) -> Callable[[Path], Awaitable[None]]:
+    """An installer that is not npm: it writes a shell-script CLI into the staging dir."""
+
+    async def populate(staging: Path) -> None:
+        (staging / "bin").mkdir()
+        script = staging / "bin" / "tool"
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+
+    return populate
+
+
+async def test_install_once_serves_any_installer(tmp_path: Path) -> None:
+    config = InstallConfig(cache_dir=tmp_path / "cache", npm="no-such-npm-binary")
+    kwargs = {"dir_name": "tool@1.4.0", "spec": "tool==1.4.0", "bin_relative": "bin/tool"}
+    installed = await install_once(
+        config, expected_version="1.4.0", populate=script_installer("echo tool 1.4.0"), **kwargs
+    )
+    assert (installed.spec, installed.version_output) == ("tool==1.4.0", "tool 1.4.0")
+    # Installed once: a second call with a failing installer never runs it.
+    again = await install_once(
+        config, expected_version="1.4.0", populate=script_installer("exit 1"), **kwargs
+    )
+    assert again == installed
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("echo tool 1.3.9", "expected version 1.4.0"),
+        ("echo broken >&2; exit 3", "exited 3: broken"),
+    ],
+)
+async def test_install_once_keeps_nothing_that_fails_verification(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(InstallError, match=message):
+        await install_once(
+            InstallConfig(cache_dir=cache),
+            dir_name="tool@1.4.0",
+            spec="tool==1.4.0",
+            bin_relative="bin/tool",
+            expected_version="1.4.0",
+            populate=script_installer(body),
+        )
+    assert [p.name for p in cache.iterdir()] == [".tool@1.4.0.lock"]

@@ -185,7 +185,9 @@ def test_launch_refuses_what_the_kernel_cannot_pass() -> None:
 
 
 def test_mount_paths() -> None:
-    installed = InstalledCli(CODEX_CLI, Path("/cache/openai+codex@0.169.0"), "codex-cli 0.169.0")
+    installed = InstalledCli(
+        CODEX_CLI.spec, Path("/cache/openai+codex@0.169.0"), "node_modules/.bin/codex", "codex"
+    )
     mount = CliMount.under(installed)
     assert mount.sandbox_prefix == DEFAULT_MOUNT_ROOT / "openai+codex@0.169.0"
     assert mount.bin_path == mount.sandbox_prefix / "node_modules/.bin/codex"

@@ -1,13 +1,13 @@
 """Real agent CLIs (Claude Code, Codex): pinned npm installs, configured for the adapter,
 run in a sandbox with a wall-clock budget."""
 
-from harness.base import DEFAULT_STATE_ROOT, Harness
+from harness.base import DEFAULT_STATE_ROOT, Harness, NpmHarness
 from harness.claude_code import CLAUDE_CODE_CLI, ClaudeCode, ClaudeCodeTally
 from harness.codex import CODEX_CLI, Codex, CodexTally
 from harness.config import AgentEndpoint, InstallConfig, NpmCli
 from harness.errors import HarnessError, InstallError, InstallLockTimeoutError, LaunchError
 from harness.events import EventStats, EventTally
-from harness.install import InstalledCli, install_cli
+from harness.install import InstalledCli, install_cli, install_once
 from harness.launch import Launch
 from harness.mount import DEFAULT_MOUNT_ROOT, CliMount
 from harness.run import AgentRun
@@ -37,5 +37,7 @@ __all__ = [
     "Launch",
     "LaunchError",
     "NpmCli",
+    "NpmHarness",
     "install_cli",
+    "install_once",
 ]

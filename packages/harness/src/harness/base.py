@@ -28,10 +28,18 @@ DEFAULT_STATE_ROOT = PurePosixPath("/var/tmp/agent-rl")
 
 
 class Harness(ABC):
-    """One agent CLI. Subclasses are frozen dataclasses holding a `cli` pin and options."""
+    """One agent CLI. Subclasses are frozen dataclasses holding a version pin and options."""
 
     name: ClassVar[str]
-    cli: NpmCli
+
+    @property
+    @abstractmethod
+    def spec(self) -> str:
+        """The pinned package this harness runs (an `InstalledCli.spec`)."""
+
+    @abstractmethod
+    async def install(self, config: InstallConfig) -> InstalledCli:
+        """Install (once per host) and verify the pinned CLI."""
 
     @abstractmethod
     def launch(
@@ -48,10 +56,6 @@ class Harness(ABC):
     @abstractmethod
     def new_tally(self) -> EventTally:
         """A fresh accumulator for this CLI's event stream."""
-
-    async def install(self, config: InstallConfig) -> InstalledCli:
-        """Install (once per host) and verify the pinned CLI."""
-        return await install_cli(self.cli, config)
 
     def summarize(self, events_path: Path) -> EventStats:
         """Summarize an event stream file this CLI wrote."""
@@ -72,8 +76,8 @@ class Harness(ABC):
         """Run the agent on `task` in `cwd` (default: the sandbox workspace) for at most
         `budget` seconds. Never raises for what the agent did; only for bad input or a
         sandbox failure."""
-        if cli.installed.cli != self.cli:
-            raise LaunchError(f"{self.name} pins {self.cli.spec}, got {cli.installed.cli.spec}")
+        if cli.installed.spec != self.spec:
+            raise LaunchError(f"{self.name} pins {self.spec}, got {cli.installed.spec}")
         if not task.strip():
             raise LaunchError("empty task")
         state_dir = state_root / f"{self.name}-{uuid.uuid4().hex}"
@@ -87,3 +91,16 @@ class Harness(ABC):
             output_dir=output_dir,
             cwd=cwd,
         )
+
+
+class NpmHarness(Harness):
+    """A harness whose CLI is an npm package, pinned by its `cli` field."""
+
+    cli: NpmCli
+
+    @property
+    def spec(self) -> str:
+        return self.cli.spec
+
+    async def install(self, config: InstallConfig) -> InstalledCli:
+        return await install_cli(self.cli, config)

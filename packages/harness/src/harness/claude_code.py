@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from harness.base import Harness
+from harness.base import NpmHarness
 from harness.config import AgentEndpoint, NpmCli
 from harness.events import EventTally, as_dict, as_list, as_str
 from harness.launch import Launch
@@ -45,7 +45,7 @@ _SYNTHETIC_MODEL = "<synthetic>"
 
 
 @dataclass(frozen=True, slots=True)
-class ClaudeCode(Harness):
+class ClaudeCode(NpmHarness):
     """Claude Code in print mode (`-p`), streaming its events as JSON lines.
 
     max_turns: Claude Code's own turn cap (`--max-turns`); None leaves only our budget.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from harness.base import Harness
+from harness.base import NpmHarness
 from harness.config import AgentEndpoint, NpmCli
 from harness.events import EventTally, as_dict, as_str
 from harness.launch import Launch
@@ -50,7 +50,7 @@ def _toml_key(value: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Codex(Harness):
+class Codex(NpmHarness):
     """`codex exec` with JSON events, approvals and its own sandbox bypassed (ours is the
     isolation; Codex's own sandboxed modes fail inside it).
 

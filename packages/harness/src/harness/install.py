@@ -1,11 +1,15 @@
-"""Install a pinned agent CLI from npm once per host, into a shared cache directory.
+"""Install a pinned agent CLI once per host, into a shared cache directory.
 
-Each (package, version) gets its own directory `<cache>/<name>@<version>`. npm installs into
-a private staging directory; the CLI is verified by running `--version`; the marker file is
-written; and only then is the staging directory renamed into place. So the final directory
-exists only as a verified install, a crash leaves at most a staging directory (removed by
-the next installer), and readers never see a half-written tree. A file lock per CLI version
-serializes installers across processes; the fast path (already installed) takes no lock.
+Each pinned CLI gets its own directory `<cache>/<name>@<version>`. The installer fills a
+private staging directory; the CLI is verified by running it (`--version`); the marker file
+is written; and only then is the staging directory renamed into place. So the final
+directory exists only as a verified install, a crash leaves at most a staging directory
+(removed by the next installer), and readers never see a half-written tree. A file lock per
+CLI version serializes installers across processes; the fast path (already installed)
+takes no lock.
+
+`install_once` is that discipline for any installer (npm, pip, a tarball); `install_cli` is
+the npm installer the built-in harnesses use.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import shutil
 import signal
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,27 +33,24 @@ from harness.errors import InstallError
 MARKER_NAME = ".agent-rl-install.json"
 _OUTPUT_TAIL = 4000
 
+Populate = Callable[[Path], Awaitable[None]]
+"""Fills an empty staging directory with the CLI (raise InstallError on failure)."""
+
 
 @dataclass(frozen=True, slots=True)
 class InstalledCli:
-    """A verified install of one CLI version on this host.
+    """A verified install of one pinned CLI on this host.
 
-    prefix: the `npm --prefix` directory (read-only from here on; share it, never modify it).
-    version_output: what `<bin> --version` printed when the install was verified.
+    spec: what was installed (`@openai/codex@0.169.0`); a harness runs only its own pin.
+    prefix: the install directory (read-only from here on; share it, never modify it).
+    bin_relative: the command's path relative to `prefix`, the same inside any mount of it.
+    version_output: what the CLI printed when the install was verified.
     """
 
-    cli: NpmCli
+    spec: str
     prefix: Path
+    bin_relative: str
     version_output: str
-
-    @property
-    def version(self) -> str:
-        return self.cli.version
-
-    @property
-    def bin_relative(self) -> str:
-        """The command's path relative to `prefix` (the same inside any mount of it)."""
-        return f"node_modules/.bin/{self.cli.bin}"
 
     @property
     def bin_path(self) -> Path:
@@ -56,81 +58,112 @@ class InstalledCli:
 
 
 async def install_cli(cli: NpmCli, config: InstallConfig) -> InstalledCli:
-    """Return the verified install of `cli`, installing it first if this host lacks it."""
+    """Return the verified npm install of `cli`, installing it first if this host lacks it."""
+
+    async def populate(staging: Path) -> None:
+        npm = shutil.which(config.npm)
+        if npm is None:
+            raise InstallError(f"npm not found (looked for {config.npm!r})")
+        argv = [npm, "install", "--prefix", str(staging), cli.spec, "--no-audit", "--no-fund"]
+        await run_checked(argv, config, config.install_timeout, f"npm install {cli.spec}")
+
+    return await install_once(
+        config,
+        dir_name=cli.install_dir_name,
+        spec=cli.spec,
+        bin_relative=f"node_modules/.bin/{cli.bin}",
+        expected_version=cli.version,
+        populate=populate,
+    )
+
+
+async def install_once(
+    config: InstallConfig,
+    *,
+    dir_name: str,
+    spec: str,
+    bin_relative: str,
+    expected_version: str,
+    populate: Populate,
+    verify_args: Sequence[str] = ("--version",),
+) -> InstalledCli:
+    """Install into `<cache>/<dir_name>` at most once per host, verified and atomically.
+
+    Verification runs `<bin> <verify_args>` and requires `expected_version` in its stdout.
+    """
+    if "/" in dir_name or dir_name.startswith("."):
+        raise ValueError(f"not a cache directory name: {dir_name!r}")
     cache = config.cache_dir
     cache.mkdir(parents=True, exist_ok=True)
-    prefix = cache / cli.install_dir_name
-    found = read_install(cli, prefix)
+    prefix = cache / dir_name
+    found = read_install(spec, prefix, bin_relative)
     if found is not None:
         return found
-    async with file_lock(cache / f".{cli.install_dir_name}.lock", config.lock_timeout):
-        found = read_install(cli, prefix)
+    async with file_lock(cache / f".{dir_name}.lock", config.lock_timeout):
+        found = read_install(spec, prefix, bin_relative)
         if found is not None:
             return found
-        await asyncio.to_thread(_remove_leftovers, cache, cli, prefix)
-        staging = cache / f".{cli.install_dir_name}.partial-{uuid.uuid4().hex}"
+        await asyncio.to_thread(_remove_leftovers, cache, dir_name)
+        staging = cache / f".{dir_name}.partial-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
-            await _npm_install(cli, config, staging)
-            version_output = await verify_cli(cli, staging, config)
-            _write_marker(staging, cli, version_output)
+            await populate(staging)
+            binary = staging / bin_relative
+            version_output = await _verify(binary, verify_args, expected_version, config)
+            _write_marker(staging, spec, bin_relative, version_output)
             staging.rename(prefix)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, staging, True)
             raise
-    return InstalledCli(cli=cli, prefix=prefix, version_output=version_output)
+    return InstalledCli(spec, prefix, bin_relative, version_output)
 
 
-def read_install(cli: NpmCli, prefix: Path) -> InstalledCli | None:
-    """The install at `prefix` if its marker proves a verified install of exactly `cli`."""
+def read_install(spec: str, prefix: Path, bin_relative: str) -> InstalledCli | None:
+    """The install at `prefix` if its marker proves a verified install of exactly `spec`."""
     try:
         marker = json.loads((prefix / MARKER_NAME).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict):
         return None
-    expected = {"package": cli.package, "version": cli.version, "bin": cli.bin}
-    if any(marker.get(key) != value for key, value in expected.items()):
+    if marker.get("spec") != spec or marker.get("bin") != bin_relative:
         return None
-    version_output = marker.get("version_output")
-    installed = InstalledCli(cli=cli, prefix=prefix, version_output=str(version_output))
+    installed = InstalledCli(spec, prefix, bin_relative, str(marker.get("version_output")))
     if not os.access(installed.bin_path, os.X_OK):
         return None
     return installed
 
 
-async def verify_cli(cli: NpmCli, prefix: Path, config: InstallConfig) -> str:
-    """Run `<bin> --version` and check it names the pinned version; return its output."""
-    binary = prefix / "node_modules" / ".bin" / cli.bin
-    if not os.access(binary, os.X_OK):
-        raise InstallError(f"npm installed {cli.spec} but {binary} is not an executable")
-    with tempfile.TemporaryDirectory(prefix="harness-verify-") as home:
-        # A throwaway HOME: a CLI may create its state directory even for --version.
-        env = {**_base_env(config), "HOME": home}
-        code, output, errors = await _run([str(binary), "--version"], env, config.verify_timeout)
-    output = output.strip()
+async def run_checked(argv: Sequence[str], config: InstallConfig, timeout: float, what: str) -> str:
+    """Run an installer command on the host; raise InstallError unless it exits 0."""
+    code, output, errors = await _run(argv, _base_env(config), timeout)
     if code != 0:
-        raise InstallError(f"{binary} --version exited {code}: {errors[-_OUTPUT_TAIL:]}")
-    if cli.version not in output:
-        raise InstallError(f"{binary} --version printed {output!r}, expected {cli.version}")
+        raise InstallError(f"{what} exited {code}: {errors[-_OUTPUT_TAIL:]}")
     return output
 
 
-async def _npm_install(cli: NpmCli, config: InstallConfig, staging: Path) -> None:
-    npm = shutil.which(config.npm)
-    if npm is None:
-        raise InstallError(f"npm not found (looked for {config.npm!r})")
-    argv = [npm, "install", "--prefix", str(staging), cli.spec, "--no-audit", "--no-fund"]
-    code, _, errors = await _run(argv, _base_env(config), config.install_timeout)
+async def _verify(
+    binary: Path, args: Sequence[str], expected_version: str, config: InstallConfig
+) -> str:
+    if not os.access(binary, os.X_OK):
+        raise InstallError(f"the installer left no executable at {binary}")
+    with tempfile.TemporaryDirectory(prefix="harness-verify-") as home:
+        # A throwaway HOME: a CLI may create its state directory even for --version.
+        env = {**_base_env(config), "HOME": home}
+        code, output, errors = await _run([str(binary), *args], env, config.verify_timeout)
+    output = output.strip()
     if code != 0:
-        raise InstallError(f"npm install {cli.spec} exited {code}: {errors[-_OUTPUT_TAIL:]}")
+        raise InstallError(f"{binary} {' '.join(args)} exited {code}: {errors[-_OUTPUT_TAIL:]}")
+    if expected_version not in output:
+        raise InstallError(f"{binary} printed {output!r}, expected version {expected_version}")
+    return output
 
 
 def _base_env(config: InstallConfig) -> dict[str, str]:
     return dict(os.environ if config.npm_env is None else config.npm_env)
 
 
-async def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+async def _run(argv: Sequence[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
     """Run a host command in its own process group; kill the group at the timeout.
 
     Returns (exit code, stdout, stderr); stdout alone is the answer (Codex prints warnings
@@ -158,21 +191,17 @@ async def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[in
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def _write_marker(prefix: Path, cli: NpmCli, version_output: str) -> None:
-    marker = {
-        "package": cli.package,
-        "version": cli.version,
-        "bin": cli.bin,
-        "version_output": version_output,
-    }
+def _write_marker(prefix: Path, spec: str, bin_relative: str, version_output: str) -> None:
+    marker = {"spec": spec, "bin": bin_relative, "version_output": version_output}
     tmp = prefix / f"{MARKER_NAME}.tmp"
     tmp.write_text(json.dumps(marker, indent=2) + "\n")
     tmp.rename(prefix / MARKER_NAME)
 
 
-def _remove_leftovers(cache: Path, cli: NpmCli, prefix: Path) -> None:
+def _remove_leftovers(cache: Path, dir_name: str) -> None:
     """Under the lock: delete crashed installers' staging dirs and an unverified final dir."""
-    for partial in cache.glob(f".{cli.install_dir_name}.partial-*"):
+    for partial in cache.glob(f".{dir_name}.partial-*"):
         shutil.rmtree(partial, ignore_errors=True)
+    prefix = cache / dir_name
     if prefix.exists():
         shutil.rmtree(prefix)
