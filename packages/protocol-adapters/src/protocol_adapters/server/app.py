@@ -190,17 +190,27 @@ async def unexpected_errors(request: web.Request, handler: Handler) -> web.Strea
         raise
     except Exception as exc:
         log.exception("unexpected error handling %s %s", request.method, request.path)
-        dialect = (
-            OPENAI_CHAT
-            if request.path.startswith("/v1/chat")
-            else (OPENAI_RESPONSES if request.path.startswith("/v1/responses") else ANTHROPIC)
+        return error_json(
+            dialect_of_path(request.path),
+            ErrorKind.ENGINE_ERROR,
+            f"internal error: {type(exc).__name__}",
         )
-        return error_json(dialect, ErrorKind.ENGINE_ERROR, f"internal error: {type(exc).__name__}")
+
+
+def dialect_of_path(path: str) -> Dialect:
+    """The dialect a client expects errors in, from the path alone (Anthropic where unclear)."""
+    if path.startswith("/v1/chat"):
+        return OPENAI_CHAT
+    if path.startswith("/v1/responses"):
+        return OPENAI_RESPONSES
+    return ANTHROPIC
 
 
 async def _not_found(request: web.Request) -> web.StreamResponse:
     return error_json(
-        ANTHROPIC, ErrorKind.NOT_FOUND, f"no route for {request.method} {request.path}"
+        dialect_of_path(request.path),
+        ErrorKind.NOT_FOUND,
+        f"no route for {request.method} {request.path}",
     )
 
 

@@ -1,0 +1,302 @@
+"""Bad requests through the real server: each is answered in the client's dialect with the status
+its SDK expects, the server keeps serving, and the session's tree is left exactly as it was.
+
+Every test first records one good turn, so the request context exists and "unchanged" is a strong
+check: a refused request must not add a node, a turn or a branch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.sessions import Session, SessionLimits
+from protocol_adapters.testing import ScriptedReply
+from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.tokenizer import Vocabulary
+
+from .server_clients import (
+    DIALECTS,
+    PATHS,
+    Dialect,
+    assert_error_body,
+    assert_sdk_error,
+    minimal_body,
+    openai_client,
+    raw_request,
+    sdk_error_types,
+    sdk_post,
+)
+
+OK = ScriptedReply(text="ok")
+
+
+def always_ok(input_ids: object) -> ScriptedReply:
+    del input_ids
+    return OK
+
+
+def shape(session: Session) -> tuple[int, int, int]:
+    """What a refused request must not change: nodes, turns, branches."""
+    tree = session.tree
+    return len(tree.nodes), len(tree.turns), sum(1 for _ in tree.leaves())
+
+
+class Checked:
+    """A stack with one seeded session; ``after_refusal`` proves nothing changed or broke."""
+
+    def __init__(self, stack: LocalStack, dialect: Dialect) -> None:
+        self.stack = stack
+        self.dialect = dialect
+        self.session = stack.server.sessions.open(f"bad-input-{dialect}")
+        self.token = self.session.token
+        self._calls = 0
+        self._before: tuple[int, int, int] = (0, 0, 0)
+
+    async def good(self) -> None:
+        self._calls += 1
+        body = minimal_body(self.dialect, f"good request {self._calls}")
+        assert await sdk_post(self.stack, self.dialect, self.token, body) == "ok"
+
+    async def seed(self) -> None:
+        await self.good()
+        self._before = shape(self.session)
+        self._engine_calls = len(self.stack.double.requests)
+
+    async def after_refusal(self) -> None:
+        assert shape(self.session) == self._before, "a refused request changed the tree"
+        assert len(self.stack.double.requests) == self._engine_calls, "the engine was called"
+        turns = len(self.session.tree.turns)
+        await self.good()
+        assert len(self.session.tree.turns) == turns + 1
+
+
+@asynccontextmanager
+async def checked(
+    tokenizer_cache: Path,
+    vocabulary: Vocabulary,
+    dialect: Dialect,
+    config: AdapterConfig | None = None,
+) -> AsyncIterator[Checked]:
+    async with local_stack(
+        always_ok, tokenizer_cache=tokenizer_cache, vocabulary=vocabulary, config=config
+    ) as stack:
+        check = Checked(stack, dialect)
+        await check.seed()
+        yield check
+
+
+def _drop(key: str) -> Callable[[dict[str, Any]], object]:
+    def edit(body: dict[str, Any]) -> object:
+        del body[key]
+        return body
+
+    return edit
+
+
+def _set(key: str, value: object) -> Callable[[dict[str, Any]], object]:
+    def edit(body: dict[str, Any]) -> object:
+        body[key] = value
+        return body
+
+    return edit
+
+
+# (case id, dialect) -> (edit of the minimal body, a word the error message must name)
+JSON_CASES: dict[tuple[str, Dialect], tuple[Callable[[dict[str, Any]], object], str]] = {}
+for _d in DIALECTS:
+    _messages = "input" if _d == "openai_responses" else "messages"
+    JSON_CASES[("array", _d)] = (lambda b: [b], "object")
+    JSON_CASES[("string", _d)] = (lambda b: "hello", "object")
+    JSON_CASES[("model-number", _d)] = (_set("model", 7), "model")
+    JSON_CASES[("messages-number", _d)] = (_set(_messages, 42), _messages)
+    JSON_CASES[("no-model", _d)] = (_drop("model"), "model")
+    JSON_CASES[("no-messages", _d)] = (_drop(_messages), _messages)
+    JSON_CASES[("max-tokens-string", _d)] = (
+        _set("max_output_tokens" if _d == "openai_responses" else "max_tokens", "64"),
+        "max_",
+    )
+JSON_CASES[("content-number", "anthropic")] = (
+    _set("messages", [{"role": "user", "content": 5}]),
+    "content",
+)
+JSON_CASES[("bad-role", "openai_chat")] = (
+    _set("messages", [{"role": "wizard", "content": "hi"}]),
+    "role",
+)
+JSON_CASES[("unknown-item", "openai_responses")] = (
+    _set("input", [{"type": "no_such_item"}]),
+    "no_such_item",
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "dialect"), sorted(JSON_CASES), ids=[f"{d}-{c}" for c, d in sorted(JSON_CASES)]
+)
+async def test_invalid_json_requests_are_400_in_dialect_shape(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, case: str, dialect: Dialect
+) -> None:
+    edit, named = JSON_CASES[(case, dialect)]
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        body = edit(minimal_body(dialect, "bad"))
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await sdk_post(check.stack, dialect, check.token, body)
+        message = assert_sdk_error(dialect, err.value, "invalid")
+        assert named in message
+        await check.after_refusal()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (b'{"model": "policy", "messages": [', "not valid JSON"),
+        (b"\xff\xfe not utf-8", "not valid JSON"),
+        (b"", "empty"),
+    ],
+    ids=["truncated", "not-utf8", "empty"],
+)
+async def test_bodies_that_are_not_json_are_400(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect, data: bytes, named: str
+) -> None:
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        answer = await raw_request(check.stack, PATHS[dialect], data, token=check.token)
+        assert named in assert_error_body(dialect, answer.status, answer.body, "invalid")
+        await check.after_refusal()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_oversized_body_is_413(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    config = AdapterConfig(max_body_bytes=2048)
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
+        body = minimal_body(dialect, "x" * 4096)
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await sdk_post(check.stack, dialect, check.token, body)
+        assert_sdk_error(dialect, err.value, "too_large")
+        await check.after_refusal()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_unknown_session_is_401(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await sdk_post(check.stack, dialect, "sess-unknown", minimal_body(dialect, "hi"))
+        assert "session" in assert_sdk_error(dialect, err.value, "auth")
+        await check.after_refusal()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_missing_key_is_401(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        data = json.dumps(minimal_body(dialect, "hi")).encode()
+        answer = await raw_request(check.stack, PATHS[dialect], data)
+        assert "API key" in assert_error_body(dialect, answer.status, answer.body, "auth")
+        await check.after_refusal()
+
+
+async def test_closed_session_is_401(tokenizer_cache: Path, qwen_vocabulary: Vocabulary) -> None:
+    async with checked(tokenizer_cache, qwen_vocabulary, "anthropic") as check:
+        await check.stack.server.close_session(check.token)
+        with pytest.raises(sdk_error_types("anthropic")) as err:
+            await sdk_post(check.stack, "anthropic", check.token, minimal_body("anthropic", "hi"))
+        assert_sdk_error("anthropic", err.value, "auth")
+        assert len(check.session.tree.turns) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "dialect"),
+    [
+        ("POST", "/v2/messages", "anthropic"),
+        ("GET", "/v1/messages", "anthropic"),
+        ("GET", "/v1/nothing-here", "anthropic"),
+        ("POST", "/v1/chat/completion", "openai_chat"),
+        ("GET", "/v1/responses/resp_123", "openai_responses"),
+        ("POST", "/v1/responses/resp_123/cancel", "openai_responses"),
+    ],
+)
+async def test_unknown_path_is_404(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, method: str, path: str, dialect: Dialect
+) -> None:
+    """Unknown routes answer 404; under an OpenAI prefix, in OpenAI's shape."""
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        answer = await raw_request(check.stack, path, b"{}", token=check.token, method=method)
+        assert path in assert_error_body(dialect, answer.status, answer.body, "not_found")
+        await check.after_refusal()
+
+
+async def test_unknown_response_id_through_the_sdk_is_openai_not_found(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """Nothing is stored (``store: false``): retrieving a response is an OpenAI-shaped 404."""
+    async with checked(tokenizer_cache, qwen_vocabulary, "openai_responses") as check:
+        async with openai_client(check.stack, check.token) as oai:
+            with pytest.raises(openai.NotFoundError) as err:
+                await oai.responses.retrieve("resp_123")
+        assert err.value.code == "not_found"
+        assert_sdk_error("openai_responses", err.value, "not_found")
+        await check.after_refusal()
+
+
+TOO_LONG = re.compile(r"^prompt is too long: (\d+) tokens > (\d+) maximum$")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    limit = 160
+    config = AdapterConfig(limits=SessionLimits(context_tokens=limit))
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
+        body = minimal_body(dialect, "lorem ipsum " * 200)
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await sdk_post(check.stack, dialect, check.token, body)
+        message = assert_sdk_error(dialect, err.value, "context")
+        if dialect == "anthropic":
+            match = TOO_LONG.match(message)
+            assert match is not None, message
+            counted = await raw_request(
+                check.stack,
+                "/v1/messages/count_tokens",
+                json.dumps(body).encode(),
+                token=check.token,
+            )
+            assert int(match[1]) == counted.body["input_tokens"]
+            assert int(match[2]) == limit - 1
+        else:
+            param = "input" if dialect == "openai_responses" else "messages"
+            assert err.value.response.json()["error"]["param"] == param
+        await check.after_refusal()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_session_turn_cap_is_429(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    config = AdapterConfig(limits=SessionLimits(max_turns=2))
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
+        await check.good()  # the second and last turn allowed
+        before = shape(check.session)
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await sdk_post(check.stack, dialect, check.token, minimal_body(dialect, "third"))
+        assert "turn limit" in assert_sdk_error(dialect, err.value, "rate")
+        assert err.value.response.headers["retry-after"] == "1"
+        assert shape(check.session) == before
+        assert len(check.stack.double.requests) == 2
+        # The server still serves other sessions.
+        other = check.stack.server.sessions.open("another-episode")
+        reply = await sdk_post(check.stack, dialect, other.token, minimal_body(dialect, "hi"))
+        assert reply == "ok"
