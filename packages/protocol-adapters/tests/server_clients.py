@@ -7,8 +7,13 @@ documentation, not imported from the dialect modules, so a wrong mapping there f
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
@@ -17,7 +22,11 @@ import openai
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from protocol_adapters.testing.stack import LocalStack
+from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.sessions import Session
+from protocol_adapters.testing import ScriptedReply
+from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.tokenizer import Vocabulary
 
 Dialect = Literal["anthropic", "openai_chat", "openai_responses"]
 DIALECTS: tuple[Dialect, ...] = ("anthropic", "openai_chat", "openai_responses")
@@ -78,12 +87,29 @@ OPENAI_CLASSES: dict[Kind, type[openai.APIStatusError]] = {
 }
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for all test clients. These servers speak plain HTTP, but every SDK client
+    would otherwise load the CA bundle again (~50 ms each, most of a short test)."""
+    return ssl.create_default_context()
+
+
 def anthropic_client(stack: LocalStack, token: str) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=stack.server.url, api_key=token, max_retries=0)
+    return anthropic.AsyncAnthropic(
+        base_url=stack.server.url,
+        api_key=token,
+        max_retries=0,
+        http_client=anthropic.DefaultAsyncHttpxClient(verify=_tls()),
+    )
 
 
 def openai_client(stack: LocalStack, token: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.server.url + "/v1", api_key=token, max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=stack.server.url + "/v1",
+        api_key=token,
+        max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(verify=_tls()),
+    )
 
 
 def minimal_body(dialect: Dialect, text: str, *, max_tokens: int = 64) -> dict[str, Any]:
@@ -103,22 +129,45 @@ def minimal_body(dialect: Dialect, text: str, *, max_tokens: int = 64) -> dict[s
     return {"model": "policy", "max_output_tokens": max_tokens, "input": text}
 
 
-async def sdk_post(stack: LocalStack, dialect: Dialect, token: str, body: object) -> str:
-    """POST ``body`` (any JSON) through the dialect's SDK; return the reply text.
+class SdkClient:
+    """One dialect's official SDK client for one session token (``async with``)."""
 
-    Errors surface as the SDK's own exception classes, as an agent would see them.
-    """
-    if dialect == "anthropic":
-        async with anthropic_client(stack, token) as api:
-            message = await api.post(PATHS[dialect], body=body, cast_to=anthropic.types.Message)
+    def __init__(self, stack: LocalStack, dialect: Dialect, token: str) -> None:
+        self.dialect = dialect
+        self._anthropic = anthropic_client(stack, token) if dialect == "anthropic" else None
+        self._openai = None if dialect == "anthropic" else openai_client(stack, token)
+
+    async def post(self, body: object) -> str:
+        """POST ``body`` (any JSON) to the dialect's endpoint; return the reply text.
+
+        Errors surface as the SDK's own exception classes, as an agent would see them.
+        """
+        path = PATHS[self.dialect]
+        if self._anthropic is not None:
+            message = await self._anthropic.post(path, body=body, cast_to=anthropic.types.Message)
             return "".join(b.text for b in message.content if b.type == "text")
-    async with openai_client(stack, token) as oai:
-        path = PATHS[dialect].removeprefix("/v1")
-        if dialect == "openai_chat":
-            completion = await oai.post(path, body=body, cast_to=ChatCompletion)
+        assert self._openai is not None
+        path = path.removeprefix("/v1")
+        if self.dialect == "openai_chat":
+            completion = await self._openai.post(path, body=body, cast_to=ChatCompletion)
             return completion.choices[0].message.content or ""
-        response = await oai.post(path, body=body, cast_to=Response)
+        response = await self._openai.post(path, body=body, cast_to=Response)
         return response.output_text
+
+    async def __aenter__(self) -> SdkClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._anthropic is not None:
+            await self._anthropic.close()
+        if self._openai is not None:
+            await self._openai.close()
+
+
+async def sdk_post(stack: LocalStack, dialect: Dialect, token: str, body: object) -> str:
+    """One request with a client of its own."""
+    async with SdkClient(stack, dialect, token) as client:
+        return await client.post(body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +232,78 @@ def assert_sdk_error(dialect: Dialect, exc: BaseException, kind: Kind) -> str:
 
 def sdk_error_types(dialect: Dialect) -> type[Exception]:
     return anthropic.APIStatusError if dialect == "anthropic" else openai.APIStatusError
+
+
+# -- nothing lost or corrupted ---------------------------------------------------------------
+
+
+OK = ScriptedReply(text="ok")
+
+
+def always_ok(input_ids: object) -> ScriptedReply:
+    del input_ids
+    return OK
+
+
+def shape(session: Session) -> tuple[int, int, int]:
+    """What a refused request must not change: nodes, turns, branches."""
+    tree = session.tree
+    return len(tree.nodes), len(tree.turns), sum(1 for _ in tree.leaves())
+
+
+class Checked:
+    """A stack with one seeded session; ``after_refusal`` proves nothing changed or broke."""
+
+    def __init__(
+        self, stack: LocalStack, dialect: Dialect, session: Session, client: SdkClient
+    ) -> None:
+        self.stack = stack
+        self.dialect = dialect
+        self.session = session
+        self.token = self.session.token
+        self.client = client
+        self._calls = 0
+        self._before: tuple[int, int, int] = (0, 0, 0)
+        self._engine_calls = 0
+
+    async def good(self) -> None:
+        self._calls += 1
+        body = minimal_body(self.dialect, f"good request {self._calls}")
+        assert await self.client.post(body) == "ok"
+
+    async def seed(self) -> None:
+        await self.good()
+        self._before = shape(self.session)
+        self._engine_calls = len(self.stack.double.requests)
+
+    async def after_refusal(self, *, engine_calls: int = 0) -> None:
+        """The tree is as it was, the engine saw ``engine_calls`` more requests, and a good
+        request on the same session is answered and recorded."""
+        assert shape(self.session) == self._before, "a refused request changed the tree"
+        assert len(self.stack.double.requests) == self._engine_calls + engine_calls
+        turns = len(self.session.tree.turns)
+        await self.good()
+        assert len(self.session.tree.turns) == turns + 1
+
+
+@asynccontextmanager
+async def checked(
+    tokenizer_cache: Path,
+    vocabulary: Vocabulary,
+    dialect: Dialect,
+    config: AdapterConfig | None = None,
+    **stack_options: Any,
+) -> AsyncIterator[Checked]:
+    """A local stack answering "ok" to everything, with one session seeded by a good turn."""
+    async with local_stack(
+        always_ok,
+        tokenizer_cache=tokenizer_cache,
+        vocabulary=vocabulary,
+        config=config,
+        **stack_options,
+    ) as stack:
+        session = stack.server.sessions.open(f"bad-input-{dialect}")
+        async with SdkClient(stack, dialect, session.token) as client:
+            check = Checked(stack, dialect, session, client)
+            await check.seed()
+            yield check

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,7 @@ import openai
 import pytest
 
 from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import Session, SessionLimits
-from protocol_adapters.testing import ScriptedReply
-from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.server.sessions import SessionLimits
 from protocol_adapters.tokenizer import Vocabulary
 
 from .server_clients import (
@@ -29,69 +26,14 @@ from .server_clients import (
     Dialect,
     assert_error_body,
     assert_sdk_error,
+    checked,
     minimal_body,
     openai_client,
     raw_request,
     sdk_error_types,
     sdk_post,
+    shape,
 )
-
-OK = ScriptedReply(text="ok")
-
-
-def always_ok(input_ids: object) -> ScriptedReply:
-    del input_ids
-    return OK
-
-
-def shape(session: Session) -> tuple[int, int, int]:
-    """What a refused request must not change: nodes, turns, branches."""
-    tree = session.tree
-    return len(tree.nodes), len(tree.turns), sum(1 for _ in tree.leaves())
-
-
-class Checked:
-    """A stack with one seeded session; ``after_refusal`` proves nothing changed or broke."""
-
-    def __init__(self, stack: LocalStack, dialect: Dialect) -> None:
-        self.stack = stack
-        self.dialect = dialect
-        self.session = stack.server.sessions.open(f"bad-input-{dialect}")
-        self.token = self.session.token
-        self._calls = 0
-        self._before: tuple[int, int, int] = (0, 0, 0)
-
-    async def good(self) -> None:
-        self._calls += 1
-        body = minimal_body(self.dialect, f"good request {self._calls}")
-        assert await sdk_post(self.stack, self.dialect, self.token, body) == "ok"
-
-    async def seed(self) -> None:
-        await self.good()
-        self._before = shape(self.session)
-        self._engine_calls = len(self.stack.double.requests)
-
-    async def after_refusal(self) -> None:
-        assert shape(self.session) == self._before, "a refused request changed the tree"
-        assert len(self.stack.double.requests) == self._engine_calls, "the engine was called"
-        turns = len(self.session.tree.turns)
-        await self.good()
-        assert len(self.session.tree.turns) == turns + 1
-
-
-@asynccontextmanager
-async def checked(
-    tokenizer_cache: Path,
-    vocabulary: Vocabulary,
-    dialect: Dialect,
-    config: AdapterConfig | None = None,
-) -> AsyncIterator[Checked]:
-    async with local_stack(
-        always_ok, tokenizer_cache=tokenizer_cache, vocabulary=vocabulary, config=config
-    ) as stack:
-        check = Checked(stack, dialect)
-        await check.seed()
-        yield check
 
 
 def _drop(key: str) -> Callable[[dict[str, Any]], object]:
@@ -148,7 +90,7 @@ async def test_invalid_json_requests_are_400_in_dialect_shape(
     async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
         body = edit(minimal_body(dialect, "bad"))
         with pytest.raises(sdk_error_types(dialect)) as err:
-            await sdk_post(check.stack, dialect, check.token, body)
+            await check.client.post(body)
         message = assert_sdk_error(dialect, err.value, "invalid")
         assert named in message
         await check.after_refusal()
@@ -181,7 +123,7 @@ async def test_oversized_body_is_413(
     async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
         body = minimal_body(dialect, "x" * 4096)
         with pytest.raises(sdk_error_types(dialect)) as err:
-            await sdk_post(check.stack, dialect, check.token, body)
+            await check.client.post(body)
         assert_sdk_error(dialect, err.value, "too_large")
         await check.after_refusal()
 
@@ -212,7 +154,7 @@ async def test_closed_session_is_401(tokenizer_cache: Path, qwen_vocabulary: Voc
     async with checked(tokenizer_cache, qwen_vocabulary, "anthropic") as check:
         await check.stack.server.close_session(check.token)
         with pytest.raises(sdk_error_types("anthropic")) as err:
-            await sdk_post(check.stack, "anthropic", check.token, minimal_body("anthropic", "hi"))
+            await check.client.post(minimal_body("anthropic", "hi"))
         assert_sdk_error("anthropic", err.value, "auth")
         assert len(check.session.tree.turns) == 1
 
@@ -263,7 +205,7 @@ async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact
     async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
         body = minimal_body(dialect, "lorem ipsum " * 200)
         with pytest.raises(sdk_error_types(dialect)) as err:
-            await sdk_post(check.stack, dialect, check.token, body)
+            await check.client.post(body)
         message = assert_sdk_error(dialect, err.value, "context")
         if dialect == "anthropic":
             match = TOO_LONG.match(message)
@@ -291,7 +233,7 @@ async def test_session_turn_cap_is_429(
         await check.good()  # the second and last turn allowed
         before = shape(check.session)
         with pytest.raises(sdk_error_types(dialect)) as err:
-            await sdk_post(check.stack, dialect, check.token, minimal_body(dialect, "third"))
+            await check.client.post(minimal_body(dialect, "third"))
         assert "turn limit" in assert_sdk_error(dialect, err.value, "rate")
         assert err.value.response.headers["retry-after"] == "1"
         assert shape(check.session) == before
