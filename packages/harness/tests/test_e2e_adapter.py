@@ -80,9 +80,15 @@ CASES = {
 
 
 @pytest.fixture(scope="session")
-def tokenizer_cache(request: pytest.FixtureRequest) -> Path:
-    # The same pytest cache entry the protocol-adapters tests use: built once per machine.
-    return Path(request.config.cache.mkdir("qwen3-tokenizer"))
+def tokenizer_cache(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The pytest cache entry the protocol-adapters tests use (the Qwen3 tokenizer is built
+    once per checkout); a temporary directory when pytest runs without its cache."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:
+        return tmp_path_factory.mktemp("qwen3-tokenizer")
+    return Path(cache.mkdir("qwen3-tokenizer"))
 
 
 def changed_lines(patch: bytes) -> list[str]:

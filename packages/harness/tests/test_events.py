@@ -148,3 +148,17 @@ def test_any_json_shapes_summarize_without_raising(values: list[object]) -> None
     lines = [json.dumps(value).encode() for value in values]
     for tally in (ClaudeCodeTally(), CodexTally()):
         summarize_lines(lines, tally)
+
+
+def test_codex_transient_errors_before_a_completed_turn_are_not_a_failure() -> None:
+    events = [
+        {"type": "turn.started"},
+        {"type": "error", "message": "Reconnecting... 1/5 (stream disconnected)"},
+        {"type": "item.completed", "item": {"id": "item_1", "type": "agent_message", "text": "ok"}},
+        {"type": "turn.completed", "usage": {}},
+    ]
+    stats = summarize_lines([json.dumps(e).encode() for e in events], CodexTally())
+    assert (stats.error, stats.result_text) == (None, "ok")
+    failed = [*events[:2], {"type": "turn.failed", "error": {"message": "stream disconnected"}}]
+    stats = summarize_lines([json.dumps(e).encode() for e in failed], CodexTally())
+    assert stats.error == "stream disconnected"

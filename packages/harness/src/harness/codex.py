@@ -159,7 +159,8 @@ class CodexTally(EventTally):
     Model requests are not visible one by one, so `turns` counts `turn.started`. Every
     item that is not a message, reasoning or a notice is a tool invocation
     (command_execution, file_change, mcp_tool_call, ...), counted once by item id. The
-    last `agent_message` is the answer; `turn.failed` or a top-level `error` the failure.
+    last `agent_message` is the answer; `turn.failed` or a top-level `error` not followed by
+    a completed turn is the failure.
     """
 
     def __init__(self) -> None:
@@ -172,6 +173,10 @@ class CodexTally(EventTally):
             self.turns += 1
         elif kind in {"item.started", "item.updated", "item.completed"}:
             self._observe_item(as_dict(event.get("item")), completed=kind == "item.completed")
+        elif kind == "turn.completed":
+            # Codex reports transient trouble ("Reconnecting...") as `error` events; a turn
+            # that completes afterwards recovered from it.
+            self.error = None
         elif kind == "turn.failed":
             self.error = as_str(as_dict(event.get("error")).get("message")) or "turn failed"
         elif kind == "error":
