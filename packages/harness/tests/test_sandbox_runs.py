@@ -7,14 +7,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from harness import AgentEndpoint, AgentRun, ClaudeCode, CliMount, Codex, Harness, InstalledCli
 from harness.errors import LaunchError
 from harness.testing import RecordingEndpoint
-from sandbox.local import LocalBackend, LocalSandbox
+from sandbox.local import LocalBackend, LocalConfig, LocalSandbox
 from sandbox.result import KILLED_EXIT_CODE
 from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
 
@@ -172,3 +172,27 @@ async def test_bad_run_arguments_fail_before_anything_starts(
         )
     assert (tmp_path / "used" / "events.jsonl").read_text() == "earlier run\n"
     assert setup.server.requests == []
+
+
+async def test_a_non_isolated_run_leaves_no_per_run_state_on_the_host(
+    tmp_path: Path, claude_install: InstalledCli
+) -> None:
+    # The loud plain-process fallback: the run's HOME is a real host directory.
+    host_backend = LocalBackend(LocalConfig(isolation="none", state_root=tmp_path))
+    state_root = tmp_path / "agent-state"
+    async with RecordingEndpoint() as server:
+        spec = SandboxSpec(network=ForwardedEndpoint("127.0.0.1", server.port))
+        async with await host_backend.create(spec) as box:
+            assert box.endpoint_url is not None
+            run = await ClaudeCode().run(
+                box,
+                CliMount.at_host_path(claude_install),
+                AgentEndpoint(box.endpoint_url, TOKEN, POLICY, 32768),
+                TASK,
+                budget=60,
+                output_dir=tmp_path / "out",
+                state_root=PurePosixPath(state_root),
+            )
+    assert run.ok, run.stderr_tail
+    assert [r.bearer for r in server.requests] == [TOKEN]
+    assert list(state_root.iterdir()) == []

@@ -8,6 +8,8 @@ harness is one subclass implementing `launch` and `new_tally` (see the README).
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path, PurePosixPath
@@ -20,6 +22,7 @@ from harness.install import InstalledCli, install_cli
 from harness.launch import Launch
 from harness.mount import CliMount
 from harness.run import AgentRun, run_launch
+from sandbox.errors import SandboxError
 from sandbox.protocol import Sandbox
 
 #: Where per-run state (a fresh HOME, config files) is created inside the sandbox. Not under
@@ -82,15 +85,21 @@ class Harness(ABC):
             raise LaunchError("empty task")
         state_dir = state_root / f"{self.name}-{uuid.uuid4().hex}"
         plan = self.launch(bin_path=cli.bin_path, endpoint=endpoint, task=task, state_dir=state_dir)
-        return await run_launch(
-            sandbox,
-            plan,
-            harness=self.name,
-            tally=self.new_tally(),
-            budget=budget,
-            output_dir=output_dir,
-            cwd=cwd,
-        )
+        try:
+            return await run_launch(
+                sandbox,
+                plan,
+                harness=self.name,
+                tally=self.new_tally(),
+                budget=budget,
+                output_dir=output_dir,
+                cwd=cwd,
+            )
+        finally:
+            # Inside an isolated sandbox this is tmpfs that dies with it, but a non-isolated
+            # one runs on the host: never leave per-run homes behind there.
+            with contextlib.suppress(SandboxError):
+                await sandbox.exec(f"rm -rf -- {shlex.quote(str(state_dir))}", timeout=60)
 
 
 class NpmHarness(Harness):
