@@ -24,13 +24,17 @@ from session_kit import (
 )
 
 from trajectory_tree import (
+    BridgedPrompt,
+    Completion,
     FinishReason,
     FormatError,
     LengthLimit,
+    LossReason,
     Media,
     Message,
     Prompt,
     Route,
+    Segment,
     SessionTree,
     Text,
     TurnMeta,
@@ -120,6 +124,18 @@ def test_a_loaded_tree_keeps_recording_like_the_original() -> None:
         session.turn(probes[0], reply("yet another retry"))
     assert dumps(loaded.tree) == dumps(s.tree)
     assert linearize(loaded.tree) == check_session(s)
+
+
+def test_round_trip_keeps_logprobs_rounded_above_zero() -> None:
+    """Engines may return +1e-7 for a certain token; a tree that recorded it must load."""
+    tree = SessionTree("rounding")
+    route = tree.route(prompt(user("x")))
+    completion = Completion([1, 2], [1e-7, -0.0], FinishReason.STOP)
+    tree.record(
+        route, BridgedPrompt([Segment(LossReason.CONTEXT, [5])], [6]), completion, reply("a")
+    )
+    again = loads(dumps(tree))
+    assert again.turns[0].output_logprobs.tolist() == [1e-7, -0.0]
 
 
 def test_round_trip_of_an_empty_tree() -> None:

@@ -16,7 +16,7 @@ from .errors import FormatError
 from .messages import Block, Media, Message, Prompt, Reasoning, Role, Text, ToolCall, ToolSpec
 from .reasons import FinishReason, LossReason
 from .tree import Node, SessionTree
-from .turns import Turn, TurnMeta
+from .turns import LOGPROB_ROUNDING, Turn, TurnMeta
 
 FORMAT = "trajectory-tree/1"
 
@@ -184,7 +184,7 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
                 raise FormatError(f"node {index}: prompt and output lengths disagree with the path")
             if generated != [turn.output_length] or spans[-1][0] is not LossReason.GENERATED:
                 raise FormatError(f"node {index}: the output must be the one generated span")
-            if any(math.isnan(lp) or lp > 0.0 for lp in turn.output_logprobs):
+            if any(math.isnan(lp) or lp > LOGPROB_ROUNDING for lp in turn.output_logprobs):
                 raise FormatError(f"node {index}: logprobs must be log-probabilities")
             turns.append(node.turn)
         elif generated:
