@@ -88,11 +88,11 @@ def check_linearization(session: Session, lin: Linearization) -> dict[int, int]:
             assert tokens[: span.start] == call.input_ids
             assert tokens[span.start : span.end] == call.output_ids[: len(span)]
             assert logprobs == call.logprobs[: len(span)]
-            offsets = range(len(span))
+            positions = range(len(span))  # offsets into the turn's output
             if span.trained:
-                trained_at[span.turn].extend(offsets)
+                trained_at[span.turn].extend(positions)
             elif span.reason is LossReason.TRAINED_IN_OTHER_SAMPLE:
-                shared_at[span.turn].update(offsets)
+                shared_at[span.turn].update(positions)
         assert position == len(tokens)
         trained_spans = [s for s in sample.spans if s.trained]
         assert trained_spans, "a sample trains something"

@@ -236,8 +236,8 @@ def _refusals(s: Session) -> dict[str, Callable[[], object]]:
         "unknown-finish-reason": lambda: tree.record(
             new,
             bridged,
-            Completion([1], [-1.0], "cancelled"),
-            answer,  # type: ignore[arg-type]
+            Completion([1], [-1.0], "cancelled"),  # type: ignore[arg-type]
+            answer,
         ),
         "full-prompt-without-messages": lambda: tree.record(
             tree.route(prompt()), FullPrompt([1, 2], 1, "x"), ok, answer
