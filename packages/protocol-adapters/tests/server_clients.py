@@ -200,17 +200,22 @@ async def raw_request(
 
 def assert_error_body(dialect: Dialect, status: int, body: Any, kind: Kind) -> str:
     """``body`` is exactly the dialect's error shape for ``kind``; returns the message."""
+    expected = ANTHROPIC_ERRORS[kind][0] if dialect == "anthropic" else OPENAI_ERRORS[kind][0]
+    assert status == expected
+    return assert_error_shape(dialect, body, kind)
+
+
+def assert_error_shape(dialect: Dialect, body: Any, kind: Kind) -> str:
+    """The body (or in-stream error event) of ``kind`` in the dialect's shape; returns the
+    message."""
     if dialect == "anthropic":
-        expected_status, error_type = ANTHROPIC_ERRORS[kind]
-        assert status == expected_status
         assert body["type"] == "error"
-        assert body["error"]["type"] == error_type
+        assert body["error"]["type"] == ANTHROPIC_ERRORS[kind][1]
         assert set(body) == {"type", "error"}
         assert set(body["error"]) == {"type", "message"}
     else:
-        expected_status, error_type, code = OPENAI_ERRORS[kind]
+        _, error_type, code = OPENAI_ERRORS[kind]
         error = body["error"]
-        assert status == expected_status
         assert (error["type"], error["code"]) == (error_type, code)
         assert set(body) == {"error"}
         assert set(error) == {"message", "type", "param", "code"}
@@ -292,9 +297,12 @@ async def checked(
     vocabulary: Vocabulary,
     dialect: Dialect,
     config: AdapterConfig | None = None,
+    *,
+    seed: bool = True,
     **stack_options: Any,
 ) -> AsyncIterator[Checked]:
-    """A local stack answering "ok" to everything, with one session seeded by a good turn."""
+    """A local stack answering "ok" to everything, with one session seeded by a good turn
+    (``seed=False``: call :meth:`Checked.seed` yourself)."""
     async with local_stack(
         always_ok,
         tokenizer_cache=tokenizer_cache,
@@ -305,5 +313,6 @@ async def checked(
         session = stack.server.sessions.open(f"bad-input-{dialect}")
         async with SdkClient(stack, dialect, session.token) as client:
             check = Checked(stack, dialect, session, client)
-            await check.seed()
+            if seed:
+                await check.seed()
             yield check
