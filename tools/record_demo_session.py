@@ -24,9 +24,8 @@ from protocol_adapters.tokenizer.qwen import (  # noqa: E402
     QwenTokenizerConfig,
     load_qwen3_vocabulary,
 )
-from trajectory_tree import dumps, linearize, render_tree  # noqa: E402
-
 from tests.cli_session import assert_shell_session_recorded, run_cli_session  # noqa: E402
+from trajectory_tree import dumps, linearize, render_tree  # noqa: E402
 
 
 async def record() -> None:

@@ -22,7 +22,8 @@ DEMO = "demo_session.json"
 
 
 def _sample_lines(lin: Linearization) -> list[str]:
-    lines = [f"{len(lin.samples)} sample{"" if len(lin.samples) == 1 else "s"}"]
+    plural = "" if len(lin.samples) == 1 else "s"
+    lines = [f"{len(lin.samples)} sample{plural}"]
     for s in lin.samples:
         spans = ", ".join(f"{sp.reason}:{len(sp)}" for sp in s.spans[:8])
         more = f", … {len(s.spans) - 8} more spans" if len(s.spans) > 8 else ""
