@@ -44,20 +44,47 @@ def source_dir(path: Path) -> Path:
     return src if src.is_dir() else path
 
 
-def check_wheel(name: str, path: Path) -> None:
-    """Build ``name``'s wheel, install it into an empty venv, import it."""
+def check_wheels(chosen: dict[str, Path]) -> None:
+    """Build every library wheel, then install each one alone into an empty venv and import it.
+
+    Workspace dependencies (harness needs sandbox) come from the wheels just built, never from the
+    workspace: a wheel that only works inside the monorepo fails here.
+    """
+    libraries = {n: p for n, p in packages().items() if p.parent.name == "packages"}
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "dist"
-        run("uv", "build", "--package", name, "--wheel", "--out-dir", str(out))
-        wheel = next(out.glob("*.whl"))
-        venv = Path(tmp) / "venv"
-        run("uv", "venv", "--quiet", str(venv))
-        python = str(venv / "bin" / "python")
-        run("uv", "pip", "install", "--quiet", "--python", python, str(wheel))
-        module = next(p.name for p in (path / "src").iterdir() if (p / "__init__.py").exists())
-        run(
-            python, "-c", f"import {module}; print('{name}', {module}.__version__, 'imports alone')"
-        )
+        dist = Path(tmp) / "dist"
+        for name in libraries:
+            run("uv", "build", "--quiet", "--package", name, "--wheel", "--out-dir", str(dist))
+        for name, path in chosen.items():
+            if name not in libraries:
+                continue
+            wheel = next(dist.glob(f"{name.replace('-', '_')}-*.whl"))
+            venv = Path(tmp) / f"venv-{name}"
+            run("uv", "venv", "--quiet", str(venv))
+            python = str(venv / "bin" / "python")
+            run(
+                "uv",
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                python,
+                "--find-links",
+                str(dist),
+                str(wheel),
+            )
+            module = next(p.name for p in (path / "src").iterdir() if (p / "__init__.py").exists())
+            run(python, "-c", f"import {module}; print('{name}', {module}.__version__, 'imports')")
+            if name == "trajectory-tree":  # standard library only, and its demo ships inside
+                listing = subprocess.run(
+                    ["uv", "pip", "list", "--python", python, "--format", "freeze"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.split()
+                if [line.split("==")[0] for line in listing] != ["trajectory-tree"]:
+                    sys.exit(f"ci: trajectory-tree wheel pulled in dependencies: {listing}")
+                run(str(venv / "bin" / "trajectory-tree"), "demo", "--max-tokens", "4096")
 
 
 def main() -> int:
@@ -80,9 +107,7 @@ def main() -> int:
         print(f"-- mypy --strict {name}")
         run("uv", "run", "mypy", "--strict", str(source_dir(path)))
     if args.wheels:
-        for name, path in chosen.items():
-            if path.parent.name == "packages":
-                check_wheel(name, path)
+        check_wheels(chosen)
     tests = targets if args.package else []
     run("uv", "run", "pytest", *tests, *args.pytest_args)
     return 0
