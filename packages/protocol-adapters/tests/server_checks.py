@@ -7,8 +7,9 @@ from trajectory_tree import Linearization, SessionTree
 
 
 def assert_engine_tokens_trained(stack: LocalStack, tree: SessionTree, lin: Linearization) -> None:
-    """Every loss-1 token is an id the engine double sent, at its place, with its logprob; and
-    every prompt the engine received is exactly the recorded prompt of its turn."""
+    """Every loss-1 token is an id the engine double sent, at its place, with its logprob; every
+    prompt the engine received is exactly the recorded prompt of its turn; and every turn's
+    output is trained exactly once, unless the linearization excludes it with a reason."""
     received = {r.rid: r for r in stack.double.requests}
     for turn in tree.turns:
         sent = received[turn.meta.request_id]
@@ -23,4 +24,5 @@ def assert_engine_tokens_trained(stack: LocalStack, tree: SessionTree, lin: Line
                 assert list(sample.logprobs[span.start : span.end]) == list(turn.output_logprobs)
                 assert all(sample.loss_mask[span.start : span.end])
                 trained.append(turn.id)
-    assert sorted(trained) == [t.id for t in tree.turns if t.output_length]
+    excluded = {e.turn for e in lin.exclusions}
+    assert sorted(trained) == [t.id for t in tree.turns if t.output_length and t.id not in excluded]
