@@ -28,6 +28,7 @@ from trajectory_tree import (
     InvalidTurn,
     LossReason,
     Message,
+    Prompt,
     Segment,
     SessionTree,
     TrajectoryError,
@@ -197,6 +198,7 @@ def completion(ids: list[int], lps: list[float] | None = None) -> Completion:
         pytest.param([1], [0.5], id="positive-logprob"),
         pytest.param([1], [math.nan], id="nan-logprob"),
         pytest.param([1], [math.inf], id="inf-logprob"),
+        pytest.param([1], ["x"], id="non-number-logprob"),
     ],
 )
 def test_inconsistent_completions_are_refused(ids: list[int], logprobs: list[float]) -> None:
@@ -291,3 +293,16 @@ def test_prompt_building_blocks_refuse_nonsense() -> None:
         Message("tool", ())
     with pytest.raises(ValueError, match="unknown role"):
         Message("robot", ())  # type: ignore[arg-type]
+
+
+def test_a_refused_first_turn_leaves_no_context_root() -> None:
+    tree = SessionTree()
+    route = tree.route(Prompt([Message.text("user", "hi")]))
+    assert tree.nodes == []
+    bad = BridgedPrompt([Segment(LossReason.CONTEXT, [1, -2])], [3])
+    with pytest.raises(InvalidTurn):
+        tree.record(
+            route, bad, Completion([4], [-0.1], FinishReason.STOP), Message.text("assistant", "x")
+        )
+    assert tree.nodes == []
+    assert tree.roots == []

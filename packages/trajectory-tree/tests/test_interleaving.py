@@ -113,7 +113,7 @@ def test_two_concurrent_identical_first_requests_share_their_prefix() -> None:
     first = [system("sub-agent"), user("look around")]
     one = s.start(prompt(*first), reply("", call("x1", "bash", {"cmd": "ls"})))
     two = s.start(prompt(*first), reply("", call("y1", "bash", {"cmd": "pwd"})))
-    assert one.route.anchor is two.route.anchor, "the context root exists after one route()"
+    assert s.tree.roots == [], "routing alone leaves the tree unchanged"
     s.finish(two)
     s.finish(one)
     root = s.tree.roots[0]
@@ -128,15 +128,25 @@ def test_two_concurrent_identical_first_requests_share_their_prefix() -> None:
     assert sorted(x.trained_turns for x in lin.samples) == [(0, 2), (1, 3)]
 
 
-def test_identical_concurrent_answers_that_nobody_continues_look_like_a_retry() -> None:
-    """Documents a limit: the tree cannot tell two concurrent identical requests from a client
-    retry, so when neither answer is continued the earlier one counts as an abandoned retry."""
+def test_identical_requests_of_two_agents_are_not_a_retry() -> None:
+    """Two sub-agents sending the same first request each did their own work: when neither
+    answer is continued, both are still trained (the agent id tells them from a retry)."""
     s = Session()
     first = [system("sub-agent"), user("say hi")]
     one = s.start(prompt(*first), reply("hi"), meta=TurnMeta(agent_id="a1"))
     two = s.start(prompt(*first), reply("hello"), meta=TurnMeta(agent_id="a2"))
     s.finish(one)
     s.finish(two)
+    lin = check_session(s)
+    assert sorted(x.trained_turns for x in lin.samples) == [(0,), (1,)]
+    assert lin.exclusions == ()
+
+
+def test_the_same_agent_asking_again_is_a_retry() -> None:
+    s = Session()
+    first = [system("sub-agent"), user("say hi")]
+    s.turn(prompt(*first), reply("hi"), meta=TurnMeta(agent_id="a1"))
+    s.turn(prompt(*first), reply("hello"), meta=TurnMeta(agent_id="a1"))
     lin = check_session(s)
     assert [x.trained_turns for x in lin.samples] == [(1,)]
     assert [(e.turn, e.reason) for e in lin.exclusions] == [(0, LossReason.ABANDONED_RETRY)]

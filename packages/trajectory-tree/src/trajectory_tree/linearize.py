@@ -126,11 +126,15 @@ def turn_exclusions(tree: SessionTree) -> dict[int, LossReason]:
         elif turn.meta.side_request:
             excluded[turn.id] = LossReason.SIDE_REQUEST
     for node in tree.nodes:
-        generated = [c for c in node.children if c.turn is not None]
-        for child in generated[:-1]:
-            assert child.turn is not None
-            if not child.children and child.turn.id not in excluded:
-                excluded[child.turn.id] = LossReason.ABANDONED_RETRY
+        generated = [c.turn for c in node.children if c.turn is not None]
+        for index, turn in enumerate(generated):
+            node_of_turn = tree.node(turn.node)
+            if node_of_turn.children or turn.id in excluded:
+                continue
+            # Only the same agent asking again is a retry: two sub-agents may send identical
+            # first requests, and each answer is that agent's own work.
+            if any(later.meta.agent_id == turn.meta.agent_id for later in generated[index + 1 :]):
+                excluded[turn.id] = LossReason.ABANDONED_RETRY
     return excluded
 
 

@@ -15,6 +15,7 @@ one thread (an event loop).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
@@ -217,7 +218,7 @@ class SessionTree:
         matched = 0
         prefix_length = 0
         if root is None:
-            anchor = self._new_context(prompt)
+            anchor = _detached_context(prompt)
         else:
             anchor = node = root
             length = 0
@@ -247,11 +248,18 @@ class SessionTree:
                 return node
         return None
 
-    def _new_context(self, prompt: Prompt) -> Node:
+    def _register_context(self, route: Route) -> tuple[Route, bool]:
+        """A route that found no context root gets one now, at its first record (or reuses the
+        one a concurrent turn registered since); routing alone leaves the tree unchanged."""
+        if route.anchor.id >= 0:
+            return route, False
+        existing = self._find_context(route.prompt)
+        if existing is not None:
+            return dataclasses.replace(route, anchor=existing), False
         root = self._add(None, None, array("i"), ())
-        root.context = Prompt((), tuple(prompt.tools), dict(prompt.options))
-        self._contexts.append((prompt.context_key(), root))
-        return root
+        root.context = route.anchor.context
+        self._contexts.append((route.prompt.context_key(), root))
+        return dataclasses.replace(route, anchor=root), True
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -279,12 +287,19 @@ class SessionTree:
         meta = meta or TurnMeta()
         output = _as_ids(completion.output_ids, "output ids")
 
-        if isinstance(prompt, BridgedPrompt):
-            parent, gen_prompt, rerendered = self._attach_bridged(route, prompt)
-            prompt_length = route.prefix_length + prompt.new_length
-        else:
-            parent, gen_prompt, rerendered = self._attach_full(route, prompt)
-            prompt_length = len(prompt.ids)
+        route, new_root = self._register_context(route)
+        try:
+            if isinstance(prompt, BridgedPrompt):
+                parent, gen_prompt, rerendered = self._attach_bridged(route, prompt)
+                prompt_length = route.prefix_length + prompt.new_length
+            else:
+                parent, gen_prompt, rerendered = self._attach_full(route, prompt)
+                prompt_length = len(prompt.ids)
+        except InvalidTurn:
+            if new_root:  # validation precedes every other mutation: only the root to undo
+                self._nodes.pop()
+                self._contexts.pop()
+            raise
 
         delta = array("i", gen_prompt)
         delta.extend(output)
@@ -405,6 +420,13 @@ class SessionTree:
         while step is not None:
             step.touched = self._clock
             step = step.parent
+
+
+def _detached_context(prompt: Prompt) -> Node:
+    """A stand-in root for a context the tree has not seen (id -1, not part of the tree)."""
+    root = Node(-1, None, None, array("i"), ())
+    root.context = Prompt((), tuple(prompt.tools), dict(prompt.options))
+    return root
 
 
 def _best_child(node: Node, message: Message) -> Node | None:

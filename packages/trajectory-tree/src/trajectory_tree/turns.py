@@ -31,7 +31,7 @@ class Completion:
                 f"{len(self.output_ids)} output ids but {len(self.output_logprobs)} logprobs"
             )
         for lp in self.output_logprobs:
-            if math.isnan(lp) or lp > LOGPROB_ROUNDING:
+            if not isinstance(lp, int | float) or math.isnan(lp) or lp > LOGPROB_ROUNDING:
                 raise InvalidTurn(f"logprob {lp!r} is not a log-probability")
 
 
