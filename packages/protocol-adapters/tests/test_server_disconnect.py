@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from protocol_adapters.dialects import DIALECTS as DIALECTS_BY_NAME
+from protocol_adapters.parsing.select import ReplyParser
+from protocol_adapters.server.ports import reply_parsers
+from protocol_adapters.server.turn import TurnRunner
 from protocol_adapters.testing import Faults, ScriptedReply
 from protocol_adapters.testing.stack import local_stack
 from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.types import ParsedReply, TextDelta
 from trajectory_tree import Exclusion, FinishReason, LossReason, linearize
 
 from .server_checks import assert_engine_tokens_trained
@@ -109,3 +117,93 @@ async def test_disconnect_aborts_records_an_aborted_turn_and_the_session_carries
         assert lin.samples[0].trained_turns == (retry.id,)
         assert lin.exclusions == (Exclusion(aborted.id, LossReason.ABORTED, aborted.output_length),)
         assert_engine_tokens_trained(stack, tree, lin)
+
+
+async def test_client_gone_while_the_last_events_are_written_still_records_the_turn(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """The engine has finished; only the events the parser held back until the end remain to be
+    written (here: a tool call cut off by ``max_tokens``, released as text). A client gone at
+    that moment (its handler cancelled, or its socket closed) must not make the whole
+    generation vanish: the turn is recorded, as aborted like any turn the client did not get."""
+    reply = ScriptedReply(text="Checking.", tool_calls=[("Bash", {"command": "ls -la /repo"})])
+    async with local_stack(
+        [reply], tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
+    ) as stack:
+        session = stack.server.sessions.open("gone-at-the-end")
+        ids = stack.double.reply_ids(reply)
+        cut = ids.index(qwen_vocabulary.token_id("<tool_call>")) + 4  # inside the call's JSON
+        body = {**minimal_body("anthropic", "List the repo.", max_tokens=cut), "stream": True}
+        request = DIALECTS_BY_NAME["anthropic"].parse_request(body)
+        items = stack.server.runner.stream(session, request, {})
+        seen: list[object] = []
+        async for item in items:
+            seen.append(item)
+            if isinstance(item, TextDelta) and "<tool_call>" in item.text:
+                break  # the writer fails here: the client is gone
+        await items.aclose()
+
+        assert len(stack.double.requests) == 1
+        assert stack.double.requests[0].sampling_params["max_new_tokens"] == cut
+        [turn] = session.tree.turns
+        assert turn.finish_reason is FinishReason.ABORT
+        assert list(session.tree.output_ids(turn)) == ids[:cut]
+        assert turn.meta.malformed_tool_calls == 1
+        lin = linearize(session.tree)
+        assert lin.exclusions == (Exclusion(turn.id, LossReason.ABORTED, cut),)
+
+
+class HeldParser:
+    """The real parser, but ``parse_ids`` waits (in its worker thread) until released: a
+    window in which the engine has answered and the turn is not recorded yet."""
+
+    def __init__(self, inner: ReplyParser) -> None:
+        self.inner = inner
+        self.parsing = threading.Event()
+        self.release = threading.Event()
+
+    def stream(self) -> Any:
+        return self.inner.stream()
+
+    def parse_text(self, text: str) -> ParsedReply:
+        return self.inner.parse_text(text)
+
+    def parse_ids(self, output_ids: Sequence[int], vocabulary: Vocabulary) -> ParsedReply:
+        self.parsing.set()
+        self.release.wait(5)
+        return self.inner.parse_ids(output_ids, vocabulary)
+
+
+async def test_non_streaming_client_gone_after_the_engine_answered_still_records_the_turn(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """A non-streaming handler cancelled (client disconnect) while the finished reply is being
+    parsed: the engine's output is recorded as an aborted turn, not dropped."""
+    reply = ScriptedReply(text="All done.")
+    async with local_stack(
+        [reply], tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
+    ) as stack:
+        held = HeldParser(reply_parsers()([]))
+        runner = TurnRunner(
+            stack.server.config,
+            stack.server.engine,
+            stack.renderer,
+            qwen_vocabulary,
+            lambda _: held,
+        )
+        session = stack.server.sessions.open("gone-while-parsing")
+        request = DIALECTS_BY_NAME["anthropic"].parse_request(minimal_body("anthropic", "Finish."))
+        call = asyncio.ensure_future(runner.run(session, request, {}))
+        await eventually(held.parsing.is_set, "the engine answered and parsing began")
+        call.cancel()
+        held.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+        [turn] = session.tree.turns
+        assert turn.finish_reason is FinishReason.ABORT
+        assert list(session.tree.output_ids(turn)) == stack.double.reply_ids(reply)
+        assert turn.meta.request_id == stack.double.requests[0].rid
+        lin = linearize(session.tree)
+        assert lin.samples == ()
+        assert lin.exclusions == (Exclusion(turn.id, LossReason.ABORTED, turn.output_length),)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol_adapters.engine.protocol import Engine
 from protocol_adapters.engine.types import GenerateRequest, SamplingParams, new_rid
@@ -200,7 +200,16 @@ class TurnRunner:
         finally:
             session.in_flight.discard(engine_request.rid)
         parser = self._parsers(request.prompt.tools)
-        reply = await asyncio.to_thread(parser.parse_ids, result.output_ids, self._vocabulary)
+        try:
+            reply = await asyncio.to_thread(parser.parse_ids, result.output_ids, self._vocabulary)
+        except asyncio.CancelledError:
+            # The engine answered but the client is gone: keep the output as an aborted turn.
+            if result.output_ids:
+                reply = parser.parse_ids(result.output_ids, self._vocabulary)
+                meta = _meta(request, headers, engine_request.rid, started, record, reply)
+                aborted = replace(result.to_completion(), finish_reason=FinishReason.ABORT)
+                self._record(session, route, rendered, aborted, reply, meta)
+            raise
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
         turn = self._record(session, route, rendered, result.to_completion(), reply, meta)
         usage = Usage(len(engine_request.input_ids), len(result.output_ids))
@@ -230,6 +239,16 @@ class TurnRunner:
         logprobs: list[float] = []
         finish = FinishReason.ABORT
         weight_version: str | None = None
+
+        def keep_aborted() -> None:
+            # Client gone or engine failed before the client had the whole reply: keep what the
+            # engine produced, as an aborted turn that is never trained.
+            if ids:
+                partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
+                reply = parser.parse_ids(ids, self._vocabulary)
+                meta = _meta(request, headers, engine_request.rid, started, record, reply)
+                self._record(session, route, rendered, partial, reply, meta)
+
         session.in_flight.add(engine_request.rid)
         chunks = self._engine.stream(engine_request)
         try:
@@ -242,21 +261,19 @@ class TurnRunner:
                 for event in reply_stream.feed(decoder.feed(chunk.output_ids)):
                     yield event
         except BaseException:
-            # Client gone or engine failed mid-generation: keep what the engine produced, as an
-            # aborted turn that is never trained, then let the error end the response.
-            if ids:
-                partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
-                reply = parser.parse_ids(ids, self._vocabulary)
-                meta = _meta(request, headers, engine_request.rid, started, record, reply)
-                self._record(session, route, rendered, partial, reply, meta)
+            keep_aborted()
             raise
         finally:
             session.in_flight.discard(engine_request.rid)
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-        for event in reply_stream.feed(decoder.finish()) + reply_stream.finish():
-            yield event
+        try:
+            for event in reply_stream.feed(decoder.finish()) + reply_stream.finish():
+                yield event
+        except BaseException:  # the engine is done, but the client left before the last events
+            keep_aborted()
+            raise
         reply = reply_stream.reply()
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
         completion = Completion(ids, logprobs, finish, weight_version)
