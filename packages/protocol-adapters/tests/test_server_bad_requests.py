@@ -197,13 +197,18 @@ TOO_LONG = re.compile(r"^prompt is too long: (\d+) tokens > (\d+) maximum$")
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact(
-    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect, stream: bool
 ) -> None:
+    """Streamed too (Claude Code always streams): refused before the stream starts, as a plain
+    400 the client can act on."""
     limit = 160
     config = AdapterConfig(limits=SessionLimits(context_tokens=limit))
     async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
         body = minimal_body(dialect, "lorem ipsum " * 200)
+        if stream:
+            body["stream"] = True
         with pytest.raises(sdk_error_types(dialect)) as err:
             await check.client.post(body)
         message = assert_sdk_error(dialect, err.value, "context")
@@ -213,7 +218,7 @@ async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact
             counted = await raw_request(
                 check.stack,
                 "/v1/messages/count_tokens",
-                json.dumps(body).encode(),
+                json.dumps({k: v for k, v in body.items() if k != "stream"}).encode(),
                 token=check.token,
             )
             assert int(match[1]) == counted.body["input_tokens"]
@@ -225,15 +230,16 @@ async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_session_turn_cap_is_429(
-    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect, stream: bool
 ) -> None:
     config = AdapterConfig(limits=SessionLimits(max_turns=2))
     async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
         await check.good()  # the second and last turn allowed
         before = shape(check.session)
         with pytest.raises(sdk_error_types(dialect)) as err:
-            await check.client.post(minimal_body(dialect, "third"))
+            await check.client.post({**minimal_body(dialect, "third"), "stream": stream})
         assert "turn limit" in assert_sdk_error(dialect, err.value, "rate")
         assert err.value.response.headers["retry-after"] == "1"
         assert shape(check.session) == before
