@@ -143,3 +143,31 @@ async def test_a_replayed_answer_is_continued_like_the_original(
         assert lin.exclusions == ()
         assert [s.trained_turns for s in lin.samples] == [(0, 1)]
         assert_engine_tokens_trained(stack, tree, lin)
+
+
+async def test_replay_never_hands_one_agent_another_agents_answer(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """Two sub-agents may send the very same request; only the same agent asking again is a
+    retry. Each gets its own generation, and each answer is trained as that agent's work."""
+    config = AdapterConfig(replay_retries=True)
+    async with local_stack(
+        [ScriptedReply(text="first agent's answer"), ScriptedReply(text="second agent's answer")],
+        tokenizer_cache=tokenizer_cache,
+        vocabulary=qwen_vocabulary,
+        config=config,
+    ) as stack:
+        session = stack.server.sessions.open("replay-agents")
+        texts = []
+        async with anthropic_client(stack, session.token) as api:
+            for agent in ("a0000000000000001", "a0000000000000002", "a0000000000000001"):
+                reply = await ask(api, stream=True, headers={"x-claude-code-agent-id": agent})
+                texts.append(reply.content[0].text)
+        assert texts == ["first agent's answer", "second agent's answer", "first agent's answer"]
+        assert len(stack.double.requests) == 2  # the third request was the first agent's retry
+        tree = session.tree
+        assert [t.meta.agent_id for t in tree.turns] == ["a0000000000000001", "a0000000000000002"]
+        lin = linearize(tree)
+        assert lin.exclusions == ()
+        assert len(lin.samples) == 2
+        assert_engine_tokens_trained(stack, tree, lin)

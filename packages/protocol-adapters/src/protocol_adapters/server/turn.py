@@ -48,6 +48,9 @@ from .config import AdapterConfig, RolloutSampling
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
 
+AGENT_ID_HEADER = "x-claude-code-agent-id"
+"""Claude Code marks a sub-agent's requests with this header; the main agent's carry none."""
+
 
 @dataclass(frozen=True, slots=True)
 class TurnOutcome:
@@ -179,10 +182,20 @@ class TurnRunner:
     ) -> Turn:
         return session.tree.record(route, rendered.prompt, completion, reply.message, meta)
 
-    def _replay(self, route: Route) -> Turn | None:
+    def _replay(self, route: Route, headers: Mapping[str, str]) -> Turn | None:
+        """The recorded answer to send again, when this request is its agent's retry.
+
+        Only the same agent asking again is a retry: two sub-agents may send identical requests,
+        and each must get (and train on) its own generation.
+        """
         if not self._config.replay_retries:
             return None
-        done = [t for t in route.recorded if t.finish_reason is not FinishReason.ABORT]
+        agent_id = headers.get(AGENT_ID_HEADER)
+        done = [
+            t
+            for t in route.recorded
+            if t.finish_reason is not FinishReason.ABORT and t.meta.agent_id == agent_id
+        ]
         return done[-1] if done else None
 
     async def run(
@@ -191,7 +204,7 @@ class TurnRunner:
         """A whole turn, for non-streaming responses."""
         started = time.time()
         route, rendered, engine_request, record = await self._prepare(session, request)
-        replay = self._replay(route)
+        replay = self._replay(route, headers)
         if replay is not None:
             return _replayed(replay)
         session.in_flight.add(engine_request.rid)
@@ -222,7 +235,7 @@ class TurnRunner:
         ``Finished``. Errors before ``Started`` are raised for a plain error response."""
         started = time.time()
         route, rendered, engine_request, record = await self._prepare(session, request)
-        replay = self._replay(route)
+        replay = self._replay(route, headers)
         if replay is not None:
             outcome = _replayed(replay)
             yield Started(outcome.usage.prompt_tokens)
@@ -302,7 +315,7 @@ def _meta(
         retry_count=int(retry) if retry.isdigit() else 0,
         started_at=started,
         finished_at=time.time(),
-        agent_id=headers.get("x-claude-code-agent-id"),
+        agent_id=headers.get(AGENT_ID_HEADER),
         malformed_tool_calls=reply.malformed_tool_calls,
         extra=extra,
     )
