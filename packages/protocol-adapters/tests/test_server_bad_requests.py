@@ -248,3 +248,18 @@ async def test_session_turn_cap_is_429(
         other = check.stack.server.sessions.open("another-episode")
         reply = await sdk_post(check.stack, dialect, other.token, minimal_body(dialect, "hi"))
         assert reply == "ok"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_refused_first_request_leaves_a_fresh_session_empty(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    """Nothing to compare against but nothing: not even the request's context root is kept."""
+    config = AdapterConfig(limits=SessionLimits(context_tokens=160))
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect, config, seed=False) as check:
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await check.client.post(minimal_body(dialect, "lorem ipsum " * 200))
+        assert_sdk_error(dialect, err.value, "context")
+        assert shape(check.session) == (0, 0, 0)
+        await check.seed()
+        assert shape(check.session)[1] == 1
