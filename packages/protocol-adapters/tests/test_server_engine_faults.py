@@ -7,33 +7,31 @@ session's tree is left exactly as it was, and the next request is served.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-import anthropic
-import openai
+import aiohttp
 import pytest
 from yarl import URL
 
 from protocol_adapters.engine import SGLangConfig
 from protocol_adapters.testing import Faults, Malformation
 from protocol_adapters.tokenizer import Vocabulary
+from trajectory_tree import FinishReason
 
 from .server_clients import (
     DIALECTS,
-    OPENAI_ERRORS,
-    Checked,
+    PATHS,
     Dialect,
     Kind,
-    anthropic_client,
-    assert_error_shape,
+    assert_error_body,
     assert_sdk_error,
     checked,
     minimal_body,
-    openai_client,
+    raw_request,
     sdk_error_types,
 )
 
@@ -156,39 +154,6 @@ async def drain(events: AsyncIterator[object]) -> None:
         pass
 
 
-async def streamed_error(check: Checked, dialect: Dialect) -> tuple[int, Any]:
-    """Stream one request through the SDK; return the HTTP status and the error the stream
-    ended with (Responses: the ``response.failed`` event's ``error``)."""
-    body = minimal_body(dialect, "streamed")
-    if dialect == "anthropic":
-        async with anthropic_client(check.stack, check.token) as api:
-
-            async def read_stream() -> None:
-                async with api.messages.stream(**body) as events:
-                    async for _ in events:
-                        pass
-
-            with pytest.raises(anthropic.APIStatusError) as err:
-                await read_stream()
-            return err.value.response.status_code, err.value.body
-    async with openai_client(check.stack, check.token) as oai:
-        if dialect == "openai_chat":
-            stream = await oai.chat.completions.with_raw_response.create(**body, stream=True)
-            with pytest.raises(openai.APIError) as chat_err:
-                await drain(stream.parse())
-            return stream.status_code, {"error": chat_err.value.body}
-        raw = await oai.responses.with_raw_response.create(**body, stream=True)
-        events = [e async for e in raw.parse()]
-        assert [e.type for e in events] == [
-            "response.created",
-            "response.in_progress",
-            "response.failed",
-        ]
-        failed = events[-1].response
-        assert failed.status == "failed"
-        return raw.status_code, failed.error
-
-
 STREAM_FAULTS: dict[str, tuple[Faults, Kind, str]] = {
     "http-500": (Faults(http_status=500), "api", "HTTP 500"),
     "hang": (Faults(hang=True), "timeout", "timed out"),
@@ -197,11 +162,11 @@ STREAM_FAULTS: dict[str, tuple[Faults, Kind, str]] = {
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("case", sorted(STREAM_FAULTS))
-async def test_engine_failure_in_a_stream_ends_it_with_the_dialects_error_event(
+async def test_engine_failure_before_the_first_token_of_a_stream_is_an_http_error(
     tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect, case: str
 ) -> None:
-    """Once a stream has started (200 and its first event), an engine failure ends it with the
-    error event each SDK turns into an exception (Responses: ``response.failed``)."""
+    """A streamed request whose engine fails before producing anything gets a real HTTP status
+    in the dialect's shape (not a 200 and an error event): that is what clients retry on."""
     faults, kind, named = STREAM_FAULTS[case]
     async with checked(
         tokenizer_cache,
@@ -211,14 +176,42 @@ async def test_engine_failure_in_a_stream_ends_it_with_the_dialects_error_event(
     ) as check:
         double = check.stack.double
         double.faults = faults
-        status, error = await streamed_error(check, dialect)
-        assert status == 200
-        if dialect == "openai_responses":
-            assert error.code == OPENAI_ERRORS[kind][2]
-            assert named in error.message
-        else:
-            assert named in assert_error_shape(dialect, error, kind)
+        body = minimal_body(dialect, "streamed") | {"stream": True}
+        answer = await raw_request(
+            check.stack, PATHS[dialect], json.dumps(body).encode(), token=check.token
+        )
+        assert named in assert_error_body(dialect, answer.status, answer.body, kind)
         if case == "hang":
             assert double.aborts == [double.requests[-1].rid]
         double.faults = Faults()
         await check.after_refusal(engine_calls=1)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_engine_failure_mid_stream_ends_it_with_the_dialects_error_event(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    """Once tokens have streamed (200 sent), a lost engine connection ends the stream with the
+    dialect's in-stream error, and the partial output is kept as an aborted turn."""
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        double = check.stack.double
+        double.faults = Faults(drop_after_chunks=2)
+        body = minimal_body(dialect, "streamed") | {"stream": True}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                check.stack.server.url + PATHS[dialect],
+                json=body,
+                headers={"Authorization": f"Bearer {check.token}"},
+            ) as response,
+        ):
+            assert response.status == 200
+            text = await response.text()
+        assert "connection to the engine lost" in text
+        if dialect == "anthropic":
+            assert "event: error" in text
+        elif dialect == "openai_responses":
+            assert "response.failed" in text
+        last = check.session.tree.turns[-1]
+        assert last.finish_reason is FinishReason.ABORT
+        assert last.output_length == 2 * double.tokens_per_chunk

@@ -243,8 +243,6 @@ class TurnRunner:
                 yield event
             yield Finished(outcome)
             return
-        yield Started(len(engine_request.input_ids))
-
         parser = self._parsers(request.prompt.tools)
         decoder = IncrementalDecoder(self._vocabulary)
         reply_stream = parser.stream()
@@ -264,8 +262,14 @@ class TurnRunner:
 
         session.in_flight.add(engine_request.rid)
         chunks = self._engine.stream(engine_request)
+        announced = False
         try:
             async for chunk in chunks:
+                if not announced:
+                    # Only once the engine answers: an engine that is down, overloaded or refuses
+                    # the prompt gets a real HTTP status, which clients retry or compact on.
+                    announced = True
+                    yield Started(len(engine_request.input_ids))
                 ids.extend(chunk.output_ids)
                 logprobs.extend(chunk.output_logprobs)
                 weight_version = chunk.weight_version or weight_version
@@ -281,6 +285,8 @@ class TurnRunner:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
+        if not announced:  # an engine stream that ended without a single chunk
+            yield Started(len(engine_request.input_ids))
         try:
             for event in reply_stream.feed(decoder.finish()) + reply_stream.finish():
                 yield event
