@@ -210,6 +210,8 @@ class TurnRunner:
         session.in_flight.add(engine_request.rid)
         try:
             result = await self._engine.generate(engine_request)
+        except AdapterError as exc:
+            raise _as_client_error(exc, len(engine_request.input_ids)) from exc
         finally:
             session.in_flight.discard(engine_request.rid)
         parser = self._parsers(request.prompt.tools)
@@ -277,6 +279,9 @@ class TurnRunner:
                     finish = chunk.finish_reason
                 for event in reply_stream.feed(decoder.feed(chunk.output_ids)):
                     yield event
+        except AdapterError as exc:
+            keep_aborted()
+            raise _as_client_error(exc, len(engine_request.input_ids)) from exc
         except BaseException:
             keep_aborted()
             raise
@@ -299,6 +304,18 @@ class TurnRunner:
         turn = self._record(session, route, rendered, completion, reply, meta)
         usage = Usage(len(engine_request.input_ids), len(ids))
         yield Finished(TurnOutcome(reply, usage, stop_reason(finish, reply.message), turn))
+
+
+def _as_client_error(exc: AdapterError, prompt_tokens: int) -> AdapterError:
+    """An engine that refuses the prompt as too long must read, to the client, exactly like our
+    own limit: that message is what makes Claude Code compact instead of giving up."""
+    if exc.kind is not ErrorKind.CONTEXT_LENGTH or exc.message.startswith("prompt is too long"):
+        return exc
+    return AdapterError(
+        ErrorKind.CONTEXT_LENGTH,
+        f"prompt is too long: {prompt_tokens} tokens > {prompt_tokens - 1} maximum "
+        f"(the engine refused it: {exc.message})",
+    )
 
 
 def _meta(

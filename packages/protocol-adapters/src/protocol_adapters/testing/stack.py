@@ -65,12 +65,14 @@ async def local_stack(
     faults: Faults | None = None,
     vocabulary: Vocabulary | None = None,
     engine_config: Callable[[str], SGLangConfig] | None = None,
+    engine_context_length: int = 32768,
 ) -> AsyncIterator[LocalStack]:
     """Start the engine double and the adapter in front of it; stop both on exit."""
     vocab = vocabulary or load_qwen3_vocabulary(QwenTokenizerConfig(tokenizer_cache))
     renderer = Renderer(vocab, qwen3_template(), renderer_config or RendererConfig())
+    tokenizer = VocabularyTokenizer(vocab)
     async with EngineDouble(
-        VocabularyTokenizer(vocab), script, logprob=logprob, faults=faults
+        tokenizer, script, logprob=logprob, faults=faults, context_length=engine_context_length
     ) as double:
         sglang = engine_config(double.url) if engine_config else SGLangConfig(base_url=double.url)
         async with SGLangEngine(sglang) as engine:
