@@ -30,12 +30,11 @@ from protocol_adapters.types import (
     TextDelta,
     Usage,
 )
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
+from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall
 
 from .json_shape import (
     JsonObject,
     at,
-    canonical_dumps,
     expect_list,
     expect_object,
     expect_str,
@@ -51,6 +50,7 @@ from .json_shape import (
     unknown_keys,
 )
 from .openai_errors import openai_error
+from .openai_tools import function_tools, nested, tool_choice
 from .sse import DONE, sse_event
 
 DIALECT = "openai_chat"
@@ -105,8 +105,8 @@ def parse_request(body: object) -> NeutralRequest:
         fail("n", f"only one choice per request is supported, got {n}")
 
     metadata: dict[str, str] = {}
-    tools = _tools(root.get("tools"), metadata)
-    _tool_choice(root.get("tool_choice"), metadata)
+    tools = function_tools(root.get("tools"), metadata, nested)
+    tool_choice(root.get("tool_choice"), metadata, nested)
     parallel = optional_bool(root, "parallel_tool_calls", "")
     if parallel is not None:
         metadata["parallel_tool_calls"] = "true" if parallel else "false"
@@ -251,50 +251,6 @@ def _tool_call(raw: object, path: str) -> ToolCall:
         required_str(function, "name", function_path),
         required_str(function, "arguments", function_path),
     )
-
-
-def _tools(raw: object, metadata: dict[str, str]) -> list[ToolSpec]:
-    if raw is None:
-        return []
-    specs: list[ToolSpec] = []
-    ignored: list[str] = []
-    for i, item in enumerate(expect_list(raw, "tools")):
-        path = at("tools", i)
-        tool = expect_object(item, path)
-        kind = required_str(tool, "type", path)
-        if kind != "function":
-            ignored.append(kind)
-            continue
-        function_path = at(path, "function")
-        function = expect_object(require(tool, "function", path), function_path)
-        parameters = optional_object(function, "parameters", function_path) or {}
-        specs.append(
-            ToolSpec(
-                required_str(function, "name", function_path),
-                optional_str(function, "description", function_path) or "",
-                canonical_dumps(parameters),
-            )
-        )
-    if ignored:
-        metadata["ignored_tools"] = ",".join(ignored)
-    return specs
-
-
-def _tool_choice(raw: object, metadata: dict[str, str]) -> None:
-    if raw is None:
-        return
-    if isinstance(raw, str):
-        if raw not in ("none", "auto", "required"):
-            fail("tool_choice", f"unknown tool_choice {raw!r}")
-        metadata["tool_choice"] = raw
-        return
-    choice = expect_object(raw, "tool_choice")
-    kind = required_str(choice, "type", "tool_choice")
-    if kind != "function":
-        fail("tool_choice.type", f"unsupported tool_choice type {kind!r}")
-    function = expect_object(require(choice, "function", "tool_choice"), "tool_choice.function")
-    metadata["tool_choice"] = "function"
-    metadata["tool_choice_name"] = required_str(function, "name", "tool_choice.function")
 
 
 # -- responses ---------------------------------------------------------------------------------

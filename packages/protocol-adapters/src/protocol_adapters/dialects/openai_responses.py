@@ -40,12 +40,11 @@ from protocol_adapters.types import (
     ToolCallDone,
     Usage,
 )
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall, ToolSpec
+from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall
 
 from .json_shape import (
     JsonObject,
     at,
-    canonical_dumps,
     expect_list,
     expect_object,
     fail,
@@ -62,6 +61,7 @@ from .json_shape import (
 from .opaque import decode_reasoning, encode_reasoning
 from .openai_chat import data_url_type
 from .openai_errors import error_code, openai_error
+from .openai_tools import flat, function_tools, tool_choice
 from .sse import sse_event
 
 DIALECT = "openai_responses"
@@ -120,8 +120,8 @@ def parse_request(body: object) -> NeutralRequest:
         fail("input", "must contain at least one item")
 
     metadata: dict[str, str] = {}
-    tools = _tools(root.get("tools"), metadata)
-    _tool_choice(root.get("tool_choice"), metadata)
+    tools = function_tools(root.get("tools"), metadata, flat)
+    tool_choice(root.get("tool_choice"), metadata, flat)
     parallel = optional_bool(root, "parallel_tool_calls", "")
     if parallel is not None:
         metadata["parallel_tool_calls"] = "true" if parallel else "false"
@@ -252,47 +252,6 @@ def _function_call(item: JsonObject, path: str) -> ToolCall:
         required_str(item, "name", path),
         required_str(item, "arguments", path),
     )
-
-
-def _tools(raw: object, metadata: dict[str, str]) -> list[ToolSpec]:
-    if raw is None:
-        return []
-    specs: list[ToolSpec] = []
-    ignored: list[str] = []
-    for i, item in enumerate(expect_list(raw, "tools")):
-        path = at("tools", i)
-        tool = expect_object(item, path)
-        kind = required_str(tool, "type", path)
-        if kind != "function":
-            ignored.append(kind)
-            continue
-        parameters = optional_object(tool, "parameters", path) or {}
-        specs.append(
-            ToolSpec(
-                required_str(tool, "name", path),
-                optional_str(tool, "description", path) or "",
-                canonical_dumps(parameters),
-            )
-        )
-    if ignored:
-        metadata["ignored_tools"] = ",".join(ignored)
-    return specs
-
-
-def _tool_choice(raw: object, metadata: dict[str, str]) -> None:
-    if raw is None:
-        return
-    if isinstance(raw, str):
-        if raw not in ("none", "auto", "required"):
-            fail("tool_choice", f"unknown tool_choice {raw!r}")
-        metadata["tool_choice"] = raw
-        return
-    choice = expect_object(raw, "tool_choice")
-    kind = required_str(choice, "type", "tool_choice")
-    if kind != "function":
-        fail("tool_choice.type", f"unsupported tool_choice type {kind!r}")
-    metadata["tool_choice"] = "function"
-    metadata["tool_choice_name"] = required_str(choice, "name", "tool_choice")
 
 
 # -- output items ------------------------------------------------------------------------------
