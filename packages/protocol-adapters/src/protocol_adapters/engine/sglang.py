@@ -51,6 +51,15 @@ class _Expired(Exception):
         self.what = what
 
 
+class _Call:
+    """One generation in progress; ``over`` once the engine is known not to be generating it."""
+
+    __slots__ = ("over",)
+
+    def __init__(self) -> None:
+        self.over = False
+
+
 class SGLangEngine:
     """Talks to one SGLang server or gateway at ``config.base_url``.
 
@@ -106,9 +115,7 @@ class SGLangEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         session = self._client()
         deadline = self._deadline()
-        over = False  # True once the engine is known not to be generating for this rid
-        self._in_flight.add(request.rid)
-        try:
+        async with self._generation(request) as call:
             async with await self._within(
                 session.post(
                     self.config.url("/generate"),
@@ -118,7 +125,7 @@ class SGLangEngine:
                 deadline,
             ) as response:
                 body = await self._within(response.read(), deadline)
-            over = True
+            call.over = True
             if response.status != 200:
                 raise error_for_status(response.status, _text(body), request.rid)
             try:
@@ -128,20 +135,6 @@ class SGLangEngine:
                     request.rid, f"body is not JSON ({exc}): {_text(body)[:200]!r}"
                 ) from None
             return parse_result(payload, request)
-        except aiohttp.ClientConnectorError as exc:
-            over = True
-            raise self._unreachable(request, exc) from exc
-        except aiohttp.ConnectionTimeoutError as exc:
-            over = True
-            raise self._unreachable(request, exc) from exc
-        except _Expired as exc:
-            raise self._timed_out(request, exc.what) from None
-        except aiohttp.ClientError as exc:
-            raise self._dropped(request, exc) from exc
-        finally:
-            self._ended(request.rid)
-            if not over:
-                await self._abort_quietly(request.rid)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         session = self._client()
@@ -149,9 +142,7 @@ class SGLangEngine:
         idle = self.config.stream_idle_timeout
         decoder = StreamDecoder(request)
         parser = SSEParser()
-        over = False
-        self._in_flight.add(request.rid)
-        try:
+        async with self._generation(request) as call:
             response = await self._within(
                 session.post(
                     self.config.url("/generate"),
@@ -164,7 +155,7 @@ class SGLangEngine:
             try:
                 if response.status != 200:
                     body = await self._within(response.read(), deadline)
-                    over = True
+                    call.over = True
                     raise error_for_status(response.status, _text(body), request.rid)
                 done = False
                 while not done:
@@ -178,7 +169,7 @@ class SGLangEngine:
                             done = True
                             break
                         chunk = decoder.feed(_json_event(event, request.rid))
-                        over = decoder.finished
+                        call.over = decoder.finished
                         yield chunk
                     if not data:
                         break
@@ -200,20 +191,6 @@ class SGLangEngine:
                     )
             finally:
                 response.close()
-        except aiohttp.ClientConnectorError as exc:
-            over = True
-            raise self._unreachable(request, exc) from exc
-        except aiohttp.ConnectionTimeoutError as exc:
-            over = True
-            raise self._unreachable(request, exc) from exc
-        except _Expired as exc:
-            raise self._timed_out(request, exc.what) from None
-        except aiohttp.ClientError as exc:
-            raise self._dropped(request, exc) from exc
-        finally:
-            self._ended(request.rid)
-            if not over:
-                await self._abort_quietly(request.rid)
 
     async def abort(self, rid: str) -> None:
         """Ask the engine to stop ``rid``; raises ``AdapterError`` if the engine can't be told."""
@@ -245,6 +222,31 @@ class SGLangEngine:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
             )
         return self._session
+
+    @contextlib.asynccontextmanager
+    async def _generation(self, request: GenerateRequest) -> AsyncIterator[_Call]:
+        """One call's life on the engine, the same for ``generate`` and ``stream``: counted in
+        flight, transport failures mapped to ``AdapterError`` (see the module docstring), and
+        aborted at the end unless the body set ``over`` (the engine is done with the rid).
+        """
+        call = _Call()
+        self._in_flight.add(request.rid)
+        try:
+            yield call
+        except aiohttp.ClientConnectorError as exc:
+            call.over = True
+            raise self._unreachable(request, exc) from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            call.over = True
+            raise self._unreachable(request, exc) from exc
+        except _Expired as exc:
+            raise self._timed_out(request, exc.what) from None
+        except aiohttp.ClientError as exc:
+            raise self._dropped(request, exc) from exc
+        finally:
+            self._ended(request.rid)
+            if not call.over:
+                await self._abort_quietly(request.rid)
 
     def _ended(self, rid: str) -> None:
         self._in_flight.discard(rid)
