@@ -25,7 +25,7 @@ from trajectory_tree import ToolCall, ToolSpec
 from .builtin import BuiltinReplyParser
 from .config import ParserConfig
 from .decode import strip_stop_ids
-from .stream import CALL_OPEN, assemble
+from .stream import CALL_OPEN, assemble, events_of
 from .tool_markup import CallIdFactory, new_call_id
 
 _REASONING_MODULES = ("sglang.srt.parser.reasoning_parser", "sglang.srt.reasoning_parser")
@@ -131,23 +131,9 @@ class BufferedReplyStream:
         if self._reply is not None:
             raise RuntimeError("finish() called twice")
         self._reply = self._parser.parse_text("".join(self._parts))
-        return _events_of(self._reply)
+        return events_of(self._reply.message)
 
     def reply(self) -> ParsedReply:
         if self._reply is None:
             raise RuntimeError("reply() before finish()")
         return self._reply
-
-
-def _events_of(reply: ParsedReply) -> list[ReplyEvent]:
-    from trajectory_tree import Reasoning, Text
-
-    events: list[ReplyEvent] = []
-    for block in reply.message.content:
-        if isinstance(block, Text):
-            events.append(TextDelta(block.text))
-        elif isinstance(block, Reasoning):
-            events.append(ReasoningDelta(block.text))
-        elif isinstance(block, ToolCall):
-            events.append(ToolCallDone(block))
-    return events

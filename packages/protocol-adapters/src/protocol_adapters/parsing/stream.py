@@ -20,7 +20,7 @@ from enum import Enum
 from itertools import groupby
 
 from protocol_adapters.types import ParsedReply, ReasoningDelta, ReplyEvent, TextDelta, ToolCallDone
-from trajectory_tree import Block, Message, Reasoning, Text, ToolSpec
+from trajectory_tree import Block, Message, Reasoning, Text, ToolCall, ToolSpec
 
 from .config import ParserConfig
 from .tool_markup import CallIdFactory, new_call_id, parse_tool_call
@@ -50,6 +50,20 @@ def assemble(events: Sequence[ReplyEvent]) -> Message:
                 Reasoning("".join(e.text for e in group if isinstance(e, ReasoningDelta)))
             )
     return Message("assistant", tuple(blocks))
+
+
+def events_of(message: Message) -> list[ReplyEvent]:
+    """One event per block of ``message``, in order: how a finished reply is streamed or
+    released whole (the other way round from :func:`assemble`)."""
+    events: list[ReplyEvent] = []
+    for block in message.content:
+        if isinstance(block, Reasoning):
+            events.append(ReasoningDelta(block.text))
+        elif isinstance(block, Text):
+            events.append(TextDelta(block.text))
+        elif isinstance(block, ToolCall):
+            events.append(ToolCallDone(block))
+    return events
 
 
 class ReplyStream:

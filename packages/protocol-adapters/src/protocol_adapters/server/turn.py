@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from protocol_adapters.engine.protocol import Engine
 from protocol_adapters.engine.types import GenerateRequest, SamplingParams, new_rid
 from protocol_adapters.parsing.decode import IncrementalDecoder
+from protocol_adapters.parsing.stream import events_of
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import (
     AdapterError,
@@ -24,22 +25,15 @@ from protocol_adapters.types import (
     ErrorKind,
     NeutralRequest,
     ParsedReply,
-    ReasoningDelta,
     ReplyEvent,
     StopReason,
-    TextDelta,
-    ToolCallDone,
     Usage,
     stop_reason,
 )
 from trajectory_tree import (
     Completion,
     FinishReason,
-    Message,
-    Reasoning,
     Route,
-    Text,
-    ToolCall,
     Turn,
     TurnMeta,
 )
@@ -241,7 +235,7 @@ class TurnRunner:
         if replay is not None:
             outcome = _replayed(replay)
             yield Started(outcome.usage.prompt_tokens)
-            for event in _events_of(outcome.reply.message):
+            for event in events_of(outcome.reply.message):
                 yield event
             yield Finished(outcome)
             return
@@ -348,15 +342,3 @@ def _replayed(turn: Turn) -> TurnOutcome:
     reply = ParsedReply(turn.reply, turn.meta.malformed_tool_calls)
     usage = Usage(turn.prompt_length, turn.output_length)
     return TurnOutcome(reply, usage, stop_reason(turn.finish_reason, turn.reply), None)
-
-
-def _events_of(message: Message) -> list[ReplyEvent]:
-    events: list[ReplyEvent] = []
-    for block in message.content:
-        if isinstance(block, Reasoning):
-            events.append(ReasoningDelta(block.text))
-        elif isinstance(block, Text):
-            events.append(TextDelta(block.text))
-        elif isinstance(block, ToolCall):
-            events.append(ToolCallDone(block))
-    return events
