@@ -223,12 +223,14 @@ class SessionTree:
             anchor = node = root
             length = 0
             for index, message in enumerate(prompt.messages):
-                # The common case, inlined: one child whose key is the message's key.
+                # The common case, inlined: one child whose key (or a key already proven to be an
+                # echo of it, such as re-serialized tool arguments) is the message's key.
                 children = node.children
+                key = message.key
                 if (
                     len(children) == 1
                     and (only := children[0]).message is not None
-                    and (only.message.key == message.key)
+                    and (only.message.key == key or (only.aliases and key in only.aliases))
                 ):
                     child: Node | None = only
                 else:
