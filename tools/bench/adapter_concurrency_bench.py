@@ -14,9 +14,10 @@ Messages with ``stream: true`` as Claude Code does.
 
 Each session runs ``--turns`` model calls. Every reply is a ``Bash`` tool call; the client echoes
 the reply (text + ``tool_use``) and appends a ~0.5 KB ``tool_result``, so every turn routes a
-growing history through the tree and bridges a new tool result. ``--think`` seconds pass between
-a reply and the next request (the agent running its tool). 0 is a closed loop in which every
-session calls again at once: the saturation point, not a realistic agent.
+growing history through the tree and bridges a new tool result. About ``--think`` seconds pass
+between a reply and the next request (the agent running its tool: uniform in 0.5-1.5x, and the
+sessions' first calls spread over one think time, since real agents are not synchronized). 0 is a
+closed loop in which every session calls again at once: the saturation point, not an agent.
 
 Columns. "added" = client end-to-end (request sent -> ``message_stop`` read) - the 50 ms engine
 latency: both HTTP hops, the adapter's work, queueing behind other sessions, and the double's own
@@ -46,6 +47,7 @@ import json
 import multiprocessing
 import os
 import pstats
+import random
 import secrets
 import statistics
 import sys
@@ -231,7 +233,10 @@ async def run_session(
         {"role": "user", "content": f"Session {session}: find why the tests fail and fix it."}
     ]
     times: list[TurnTime] = []
+    rng = random.Random(session)
     await start.wait()
+    if think > 0:  # agents are not synchronized: spread the first calls over one think time
+        await asyncio.sleep(rng.uniform(0, think))
     for turn in range(turns):
         body = {
             "model": "policy",
@@ -258,7 +263,7 @@ async def run_session(
         ]
         messages.append({"role": "user", "content": results})
         if think > 0:
-            await asyncio.sleep(think)
+            await asyncio.sleep(think * rng.uniform(0.5, 1.5))
     return times
 
 
@@ -469,6 +474,8 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
     rows: list[Row] = []
     try:
         calibration = await engine_alone_ms(engine_url)
+        engine_here.send("rids")  # forget the calibration requests
+        await asyncio.to_thread(engine_here.recv)
         console.print(
             f"engine double alone (client -> /generate, {CALIBRATION_IDS:,} ids, streamed): "
             f"+{calibration:.1f} ms over its {ENGINE_LATENCY * 1000:.0f} ms latency (median): "
@@ -526,7 +533,7 @@ def main() -> int:
         help="where the converted Qwen3 tokenizer is cached",
     )
     args = parser.parse_args()
-    console = Console(width=170)
+    console = Console(width=200)
     console.print(
         f"[bold]adapter_concurrency_bench[/] {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.2f}; engine double, adapter and clients in 3 processes; "
