@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the three dialects in front of an SGLang engine")
     serve.add_argument("--engine-url", required=True, help="SGLang server or router base URL")
+    serve.add_argument(
+        "--engine-max-connections",
+        type=int,
+        default=512,
+        help="pooled connections to the engine (one per concurrently generating session)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8400)
     vocab = serve.add_mutually_exclusive_group(required=True)
@@ -83,7 +89,9 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with (
-        SGLangEngine(SGLangConfig(base_url=args.engine_url)) as engine,
+        SGLangEngine(
+            SGLangConfig(base_url=args.engine_url, max_connections=args.engine_max_connections)
+        ) as engine,
         AdapterServer(config, engine, renderer, vocabulary, parsers) as server,
     ):
         admin_note = "admin API on" if admin else "admin API off (no --admin-token-file)"

@@ -72,7 +72,12 @@ async def local_stack(
     renderer = Renderer(vocab, qwen3_template(), renderer_config or RendererConfig())
     tokenizer = VocabularyTokenizer(vocab)
     async with EngineDouble(
-        tokenizer, script, logprob=logprob, faults=faults, context_length=engine_context_length
+        tokenizer,
+        script,
+        logprob=logprob,
+        faults=faults,
+        context_length=engine_context_length,
+        incremental_streaming=True,  # as SGLang should run (--incremental-streaming-output)
     ) as double:
         sglang = engine_config(double.url) if engine_config else SGLangConfig(base_url=double.url)
         async with SGLangEngine(sglang) as engine:
