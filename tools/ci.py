@@ -84,7 +84,7 @@ def check_wheels(chosen: dict[str, Path]) -> None:
                 ).stdout.split()
                 if [line.split("==")[0] for line in listing] != ["trajectory-tree"]:
                     sys.exit(f"ci: trajectory-tree wheel pulled in dependencies: {listing}")
-                run(str(venv / "bin" / "trajectory-tree"), "demo", "--max-tokens", "4096")
+                run(str(venv / "bin" / "trajectory-tree"), "demo")
 
 
 def main() -> int:
