@@ -51,6 +51,9 @@ class FakeState:
 
     home: Path = Path("/nonexistent")
     fail_creates: int = 0
+    create_delay: float = 0.0
+    creating: int = 0
+    max_creating: int = 0
     create_requests: list[dict[str, Any]] = field(default_factory=list)
     idempotency_keys: list[str] = field(default_factory=list)
     killed_sandboxes: list[str] = field(default_factory=list)
@@ -183,6 +186,12 @@ class FakeE2B:
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = json.loads(await _body(receive))
         self.state.create_requests.append(body)
+        self.state.creating += 1
+        self.state.max_creating = max(self.state.max_creating, self.state.creating)
+        try:
+            await asyncio.sleep(self.state.create_delay)
+        finally:
+            self.state.creating -= 1
         headers = dict(scope["headers"])
         self.state.idempotency_keys.append(headers.get(b"idempotency-key", b"").decode())
         if self.state.fail_creates > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator
@@ -191,3 +192,15 @@ async def _until_gone(pid: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"process {pid} still alive")
+
+
+async def test_boots_are_bounded_and_carry_metadata(config: E2BConfig, state: FakeState) -> None:
+    state.create_delay = 0.05
+    bounded = dataclasses.replace(config, max_concurrent_boots=2, metadata={"run": "r1"})
+    backend = E2BBackend(bounded)
+    sandboxes = await asyncio.gather(*(backend.create(SandboxSpec()) for _ in range(6)))
+    for sandbox in sandboxes:
+        await sandbox.close()
+    assert len(state.create_requests) == 6
+    assert state.max_creating == 2
+    assert all(r.get("metadata") == {"run": "r1"} for r in state.create_requests)

@@ -92,6 +92,11 @@ class E2BConfig:
     request_timeout: float = 30.0
     boot_timeout: float = 120.0
     boot_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_concurrent_boots: int = 8
+    """Creates in flight at once per backend: a burst of hundreds of episodes must not hit the
+    E2B API (and its rate limits) all in the same second."""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """Attached to every sandbox (e.g. run and episode ids), visible in E2B's dashboard and API."""
     kill_timeout: float = 15.0
     sdk_retries: int = 0
     workspace_path: str = "/home/user/workspace"
@@ -124,8 +129,11 @@ class E2BBackend:
     """Creates E2B sandboxes."""
 
     def __init__(self, config: E2BConfig) -> None:
+        if config.max_concurrent_boots < 1:
+            raise ValueError("max_concurrent_boots must be at least 1")
         self.config = config
         self._e2b = _import_sdk()
+        self._boots = asyncio.Semaphore(config.max_concurrent_boots)
 
     def _api_params(self) -> dict[str, Any]:
         c = self.config
@@ -153,6 +161,8 @@ class E2BBackend:
             "idempotency_key": str(uuid.uuid4()),
             **self._api_params(),
         }
+        if self.config.metadata:
+            create_kwargs["metadata"] = dict(self.config.metadata)
         endpoint_url = None
         if spec.network is None:
             create_kwargs["allow_internet_access"] = False
@@ -186,9 +196,10 @@ class E2BBackend:
         while True:
             attempt += 1
             try:
-                created: AsyncSandbox = await asyncio.wait_for(
-                    self._e2b.AsyncSandbox.create(**create_kwargs), self.config.boot_timeout
-                )
+                async with self._boots:
+                    created: AsyncSandbox = await asyncio.wait_for(
+                        self._e2b.AsyncSandbox.create(**create_kwargs), self.config.boot_timeout
+                    )
                 return created
             except fatal as error:
                 raise SandboxBootError(f"E2B refused to create a sandbox: {error}") from error
