@@ -1,6 +1,6 @@
-"""The trust property, checked token by token (the logic of protocol-adapters' server_checks,
-copied here because test directories do not import each other), plus one step further: the
-recorded output is compared with what the engine double actually generated for each prompt."""
+"""The trust property, checked token by token (``protocol_adapters.testing.trust``), plus one step
+further: the recorded output is compared with what the engine double actually generated for each
+prompt."""
 
 from __future__ import annotations
 
@@ -8,27 +8,10 @@ from collections.abc import Sequence
 
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack
-from trajectory_tree import Linearization, SessionTree
+from protocol_adapters.testing.trust import check_engine_tokens_trained
+from trajectory_tree import SessionTree
 
-
-def assert_engine_tokens_trained(stack: LocalStack, tree: SessionTree, lin: Linearization) -> None:
-    """Every loss-1 token is an id the engine double sent, at its place, with its logprob; and
-    every prompt the engine received is exactly the recorded prompt of its turn."""
-    received = {r.rid: r for r in stack.double.requests}
-    for turn in tree.turns:
-        sent = received[turn.meta.request_id]
-        assert list(tree.prompt_ids(turn)) == list(sent.input_ids)
-    trained: list[int] = []
-    for sample in lin.samples:
-        for span in sample.spans:
-            if span.trained:
-                assert span.turn is not None
-                turn = tree.turns[span.turn]
-                assert list(sample.tokens[span.start : span.end]) == list(tree.output_ids(turn))
-                assert list(sample.logprobs[span.start : span.end]) == list(turn.output_logprobs)
-                assert all(sample.loss_mask[span.start : span.end])
-                trained.append(turn.id)
-    assert sorted(trained) == [t.id for t in tree.turns if t.output_length]
+assert_engine_tokens_trained = check_engine_tokens_trained
 
 
 def assert_outputs_are_generations(

@@ -22,6 +22,7 @@ from protocol_adapters.server.config import AdapterConfig
 from protocol_adapters.server.sessions import SessionLimits
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.testing.trust import check_engine_tokens_trained
 from sandbox.git_diff import capture_diff
 from sandbox.local import LocalBackend
 from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
@@ -99,26 +100,18 @@ def changed_lines(patch: bytes) -> list[str]:
 
 
 def assert_trained_tokens_are_the_engines(stack: LocalStack, tree: SessionTree) -> None:
-    """Loss-1 tokens, sample by sample, are exactly the double's output ids with its logprobs;
-    and every turn's prompt is exactly what the engine received."""
-    received = {r.rid: r for r in stack.double.requests}
-    assert len(received) == len(tree.turns)
-    for turn in tree.turns:
-        assert list(tree.prompt_ids(turn)) == list(received[turn.meta.request_id].input_ids)
-    trained_turns = []
-    for sample in linearize(tree).samples:
-        for span in sample.spans:
-            if not span.trained:
-                continue
-            assert span.turn is not None
-            turn = tree.turns[span.turn]
-            assert list(sample.tokens[span.start : span.end]) == list(tree.output_ids(turn))
-            assert all(sample.loss_mask[span.start : span.end])
-            assert list(sample.logprobs[span.start : span.end]) == [-0.125] * (
-                span.end - span.start
-            )
-            trained_turns.append(span.turn)
-    assert sorted(trained_turns) == list(range(len(tree.turns)))
+    """Loss-1 tokens are exactly the double's output ids with its logprobs, every turn trained
+    once; every turn's prompt is exactly what the engine received."""
+    assert len(stack.double.requests) == len(tree.turns)
+    lin = linearize(tree)
+    check_engine_tokens_trained(stack, tree, lin)
+    assert lin.exclusions == ()
+    assert all(
+        lp == -0.125
+        for sample in lin.samples
+        for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True)
+        if m
+    )
 
 
 @pytest.mark.slow
