@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from array import array
 from pathlib import Path
 
 import anthropic
@@ -9,6 +11,7 @@ import pytest
 
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
+from protocol_adapters.testing.trust import TrustViolation, check_engine_tokens_trained
 from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import LossReason, linearize
 
@@ -153,3 +156,29 @@ async def test_engine_refusing_a_long_prompt_reads_as_prompt_too_long(
         assert error["type"] == "invalid_request_error"
         assert error["message"].startswith("prompt is too long: ")
         assert session.tree.turns == []
+
+
+async def test_trust_check_catches_a_tampered_sample(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    async with local_stack(
+        SCRIPT, tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
+    ) as stack:
+        session = stack.server.sessions.open("tamper")
+        await two_turns(stack, session.token, stream=False)
+        lin = linearize(session.tree)
+        check_engine_tokens_trained(stack, session.tree, lin)  # the honest one passes
+        sample = lin.samples[0]
+        trained = next(s for s in sample.spans if s.trained)
+        logprobs = array("d", sample.logprobs)
+        logprobs[trained.start] += 0.5
+        tampered = dataclasses.replace(
+            lin, samples=(dataclasses.replace(sample, logprobs=logprobs),)
+        )
+        with pytest.raises(TrustViolation, match="logprobs are not the engine's"):
+            check_engine_tokens_trained(stack, session.tree, tampered)
+        tokens = array("i", sample.tokens)
+        tokens[trained.start] += 1
+        tampered = dataclasses.replace(lin, samples=(dataclasses.replace(sample, tokens=tokens),))
+        with pytest.raises(TrustViolation, match="not the engine's output ids"):
+            check_engine_tokens_trained(stack, session.tree, tampered)
