@@ -179,6 +179,7 @@ async def test_trust_check_catches_a_tampered_sample(
             check_engine_tokens_trained(stack, session.tree, tampered)
         tokens = array("i", sample.tokens)
         tokens[trained.start] += 1
-        tampered = dataclasses.replace(lin, samples=(dataclasses.replace(sample, tokens=tokens),))
+        forged = dataclasses.replace(sample, tokens=tokens)
+        tampered = dataclasses.replace(lin, samples=(forged,))
         with pytest.raises(TrustViolation, match="not the engine's output ids"):
             check_engine_tokens_trained(stack, session.tree, tampered)
