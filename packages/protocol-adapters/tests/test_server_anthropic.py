@@ -6,9 +6,12 @@ import dataclasses
 from array import array
 from pathlib import Path
 
+import aiohttp
 import anthropic
 import pytest
 
+from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.sessions import SessionLimits
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import TrustViolation, check_engine_tokens_trained
@@ -183,3 +186,40 @@ async def test_trust_check_catches_a_tampered_sample(
         tampered = dataclasses.replace(lin, samples=(forged,))
         with pytest.raises(TrustViolation, match="not the engine's output ids"):
             check_engine_tokens_trained(stack, session.tree, tampered)
+
+
+async def test_large_bodies_are_decoded_off_the_loop_with_the_same_answers(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """Bodies past 256 KB take the worker-thread path: a valid one is answered, a broken one
+    gets the same invalid_request_error as a small one would."""
+    stack_of = local_stack(
+        SCRIPT,
+        tokenizer_cache=tokenizer_cache,
+        vocabulary=qwen_vocabulary,
+        config=AdapterConfig(limits=SessionLimits(context_tokens=262144)),
+        engine_context_length=262144,
+    )
+    async with stack_of as stack:
+        session = stack.server.sessions.open("large")
+        api = client(stack, session.token)
+        listing = "\n".join(f"src/module_{i}/file_{i}.py: 120 lines" for i in range(9000))
+        assert len(listing) > 256 * 1024
+        reply = await api.messages.create(
+            model="policy", max_tokens=64, messages=[{"role": "user", "content": listing}]
+        )
+        assert reply.usage.input_tokens == len(stack.double.requests[0].input_ids)
+        broken = b'{"model": "policy", "messages": [' + b" " * (300 * 1024)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                stack.server.url + "/v1/messages",
+                data=broken,
+                headers={"x-api-key": session.token, "content-type": "application/json"},
+            ) as response,
+        ):
+            assert response.status == 400
+            body = await response.json()
+        assert body["error"]["type"] == "invalid_request_error"
+        assert "not valid JSON" in body["error"]["message"]
+        await api.close()
