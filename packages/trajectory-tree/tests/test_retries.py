@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from invariants import check_session
 from session_kit import Session, call, prompt, reply, system, tool_result, user
 
-from trajectory_tree import FinishReason, LossReason, turn_exclusions
+from trajectory_tree import FinishReason, LossReason, TurnMeta, dumps, loads, turn_exclusions
 
 SYS = system("agent")
 TASK = user("task")
@@ -90,3 +91,63 @@ def test_the_newest_retry_is_the_lineage_routing_follows() -> None:
     s.turn(ASK, answer, output=[*b"sa", *b"me", 257])
     route = s.tree.route(prompt(SYS, TASK, answer, user("next")))
     assert route.previous_generated is s.tree.turns[1]
+
+
+@pytest.mark.parametrize("continued", [0, 1], ids=["first-answer", "retry-answer"])
+def test_the_answer_the_client_never_continued_is_abandoned_whichever_came_first(
+    continued: int,
+) -> None:
+    """A client may retry and then continue the *first* answer (its retry's response came too
+    late, or it had both and kept one): the unused answer is excluded in either case."""
+    s = Session()
+    answers = [
+        reply("first try", call("c1", "bash", {"cmd": "ls"})),
+        reply("second try", call("c2", "bash", {"cmd": "pwd"})),
+    ]
+    s.turn(ASK, answers[0])
+    s.turn(ASK, answers[1], meta=TurnMeta(retry_count=1))
+    kept = answers[continued]
+    (used,) = kept.tool_calls
+    s.turn(prompt(SYS, TASK, kept, tool_result(used.id, "out")), reply("done"))
+    lin = check_session(s)
+    assert [x.trained_turns for x in lin.samples] == [(continued, 2)]
+    abandoned = 1 - continued
+    assert [(e.turn, e.reason) for e in lin.exclusions] == [(abandoned, LossReason.ABANDONED_RETRY)]
+
+
+@pytest.mark.parametrize("finish_order", [(0, 1), (1, 0)], ids=["in-order", "reversed"])
+@pytest.mark.parametrize("continued", [0, 1], ids=["continue-a", "continue-b"])
+def test_concurrent_identical_requests_train_only_the_continued_answer(
+    finish_order: tuple[int, int], continued: int
+) -> None:
+    """Two identical requests in flight at once (a client that timed out and retried while the
+    first was still generating) finish in either order; the client continues one of them."""
+    s = Session()
+    answers = [
+        reply("answer a", call("ca", "bash", {"cmd": "a"})),
+        reply("answer b", call("cb", "bash", {"cmd": "b"})),
+    ]
+    pending = [s.start(ASK, answer) for answer in answers]
+    recorded = {index: s.finish(pending[index]) for index in finish_order}
+    kept = answers[continued]
+    (used,) = kept.tool_calls
+    final = s.turn(prompt(SYS, TASK, kept, tool_result(used.id, "out")), reply("done"))
+    lin = check_session(s)
+    assert [x.trained_turns for x in lin.samples] == [(recorded[continued].id, final.id)]
+    assert [(e.turn, e.reason) for e in lin.exclusions] == [
+        (recorded[1 - continued].id, LossReason.ABANDONED_RETRY)
+    ]
+
+
+def test_retry_exclusions_survive_a_round_trip() -> None:
+    """The order of use is part of the tree: a reloaded tree excludes the same answer."""
+    s = Session()
+    first = reply("first", call("c1", "bash", {"cmd": "ls"}))
+    s.turn(ASK, first)
+    s.turn(ASK, reply("second"))
+    s.turn(prompt(SYS, TASK, first, tool_result("c1", "out")), reply("done"))
+    assert (
+        turn_exclusions(loads(dumps(s.tree)))
+        == turn_exclusions(s.tree)
+        == {1: LossReason.ABANDONED_RETRY}
+    )

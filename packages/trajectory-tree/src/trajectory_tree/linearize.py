@@ -116,8 +116,11 @@ class Linearization:
 def turn_exclusions(tree: SessionTree) -> dict[int, LossReason]:
     """Turns whose whole output is never trained, by turn id.
 
-    A generated leaf is an abandoned retry when a later turn answered the very same prompt (it is
-    a sibling under the same parent) and nothing continued from the leaf.
+    A generated leaf is an abandoned retry when another answer to the very same prompt (a sibling
+    under the same parent, from the same agent) was touched later: recorded later, or continued
+    later by the client. The order in which the answers arrived does not matter (a client may
+    retry and then continue the first answer, and concurrent identical requests finish in any
+    order): whichever answer the client used last is the lineage it kept.
     """
     excluded: dict[int, LossReason] = {}
     for turn in tree.turns:
@@ -126,14 +129,16 @@ def turn_exclusions(tree: SessionTree) -> dict[int, LossReason]:
         elif turn.meta.side_request:
             excluded[turn.id] = LossReason.SIDE_REQUEST
     for node in tree.nodes:
-        generated = [c.turn for c in node.children if c.turn is not None]
-        for index, turn in enumerate(generated):
-            node_of_turn = tree.node(turn.node)
-            if node_of_turn.children or turn.id in excluded:
+        answers = [(child, child.turn) for child in node.children if child.turn is not None]
+        for leaf, turn in answers:
+            if leaf.children or turn.id in excluded:
                 continue
             # Only the same agent asking again is a retry: two sub-agents may send identical
             # first requests, and each answer is that agent's own work.
-            if any(later.meta.agent_id == turn.meta.agent_id for later in generated[index + 1 :]):
+            if any(
+                other.touched > leaf.touched and answer.meta.agent_id == turn.meta.agent_id
+                for other, answer in answers
+            ):
                 excluded[turn.id] = LossReason.ABANDONED_RETRY
     return excluded
 
