@@ -84,6 +84,34 @@ def where(route: Route) -> tuple[int, int, int, list[int], list[int]]:
     )
 
 
+def test_text_that_is_not_unicode_still_serializes_and_round_trips() -> None:
+    """A lone surrogate (JSON ``"\\ud800"`` from a client) anywhere in a tree: the document is
+    still valid UTF-8 and reads back to the very same strings."""
+    lone = "bad \ud800 text"
+    s = Session()
+    task = user(f"task {lone}")
+    meta = TurnMeta("r0", extra={"x-claude-code-session-id": lone})
+    answer = reply(lone, call(f"id-{lone}", "bash", {"cmd": lone}), reasoning=lone)
+    s.turn(prompt(system(lone), task), answer, meta=meta)
+    text = dumps(s.tree)
+    text.encode("utf-8")  # what writing it to a file or an HTTP body does
+    again = loads(text)
+    assert again.turns[0].reply == s.tree.turns[0].reply
+    assert again.turns[0].meta.extra == meta.extra
+    assert again.request_messages(again.turns[0]) == s.tree.request_messages(s.tree.turns[0])
+    assert [x.tokens for x in linearize(again).samples] == [
+        x.tokens for x in linearize(s.tree).samples
+    ]
+
+
+def test_valid_unicode_is_written_as_itself() -> None:
+    s = Session()
+    s.turn(prompt(system("agent"), user("naïve 猫")), reply("ok"))
+    text = dumps(s.tree)
+    assert "naïve 猫" in text
+    assert loads(text).request_messages(s.tree.turns[0])[1].plain_text == "naïve 猫"
+
+
 def test_round_trip_is_exact() -> None:
     s, _ = busy_session()
     text = dumps(s.tree)

@@ -41,6 +41,7 @@ def test_summary_counts_a_busy_session() -> None:
     assert summary.masked_tokens[LossReason.RERENDERED_HISTORY] > 0
     assert (summary.tool_calls, summary.malformed_tool_calls) == (2, 1)
     assert (summary.aborted_turns, summary.rerendered_turns) == (1, 1)
+    assert summary.side_requests == 1
     assert summary.max_prompt_tokens == max(t.prompt_length for t in turns)
     as_dict = summary.as_dict()
     assert as_dict["excluded_tokens"] == {
@@ -59,6 +60,7 @@ def test_summary_counts_a_busy_session() -> None:
         "tool_calls",
         "malformed_tool_calls",
         "aborted_turns",
+        "side_requests",
         "rerendered_turns",
         "max_prompt_tokens",
     ]

@@ -222,7 +222,26 @@ def _turn_from_dict(data: Mapping[str, Any], node: int, reply: Message) -> Turn:
 
 
 def dumps(tree: SessionTree) -> str:
-    return json.dumps(tree_to_dict(tree), ensure_ascii=False, separators=(",", ":"))
+    """The tree as compact JSON text that always encodes to UTF-8.
+
+    Text is written as itself, except when some of it is not valid Unicode (a lone surrogate,
+    which a client can send as ``"\\ud800"``): then the whole document is written with ASCII
+    escapes, which :func:`loads` reads back to the same strings. Serializing never fails on
+    client data, so a session's tree cannot be lost at the moment it is saved.
+    """
+    document = tree_to_dict(tree)
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    if text.isascii() or _utf8_encodable(text):
+        return text
+    return json.dumps(document, ensure_ascii=True, separators=(",", ":"))
+
+
+def _utf8_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def loads(text: str) -> SessionTree:

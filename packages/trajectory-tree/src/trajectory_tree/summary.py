@@ -23,6 +23,9 @@ class SessionSummary:
     tool_calls: int
     malformed_tool_calls: int
     aborted_turns: int
+    side_requests: int
+    """Turns marked as side requests (client housekeeping such as a session title), never
+    trained."""
     rerendered_turns: int
     max_prompt_tokens: int
 
@@ -38,6 +41,7 @@ class SessionSummary:
             "tool_calls": self.tool_calls,
             "malformed_tool_calls": self.malformed_tool_calls,
             "aborted_turns": self.aborted_turns,
+            "side_requests": self.side_requests,
             "rerendered_turns": self.rerendered_turns,
             "max_prompt_tokens": self.max_prompt_tokens,
         }
@@ -62,6 +66,7 @@ def summarize(tree: SessionTree, linearization: Linearization | None = None) -> 
         tool_calls=sum(len(t.reply.tool_calls) for t in turns),
         malformed_tool_calls=sum(t.meta.malformed_tool_calls for t in turns),
         aborted_turns=sum(1 for t in turns if t.finish_reason is FinishReason.ABORT),
+        side_requests=sum(1 for t in turns if t.meta.side_request),
         rerendered_turns=sum(1 for t in turns if t.rerendered is not None),
         max_prompt_tokens=max((t.prompt_length for t in turns), default=0),
     )
