@@ -1,0 +1,76 @@
+"""slime's ``--rollout-sample-filter-path`` hook: the silent-failure gates, once per rollout batch.
+
+slime calls ``check_rollout_batch(args, data)`` in its default rollout function after the batch is
+complete and *before* the batch is dumped (``--save-debug-rollout-data``) and logged, with ``data``
+the batch as generated: a list of groups, each a list of generate results, each a sample or (ours)
+a list of samples. Its return value is ignored. That placement is why the gates live here and not
+in the reward hook: the report written into each sample's ``metadata["agent_rl"]["gates"]`` is in
+the dump a researcher opens.
+
+Limits come from ``args.agent_rl["gates"]`` (the launcher's custom config, see
+:mod:`slime_backend.settings`); a run wired without it fails loudly on the first batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from .episode import EpisodeStatus
+from .gates import EpisodeHealth, SilentFailureAlarm, evaluate_gates
+from .settings import BackendSettings
+from .slime_api import NAMESPACE, episode_key
+
+logger = logging.getLogger(__name__)
+
+
+def check_rollout_batch(args: Any, data: list[Any]) -> None:
+    """The hook slime calls; raises :class:`SilentFailureAlarm` only with ``fail_step``."""
+    config = BackendSettings.from_args(args).gates
+    leaves = list(_leaves(data))
+    samples = [s for s in leaves if NAMESPACE in (s.metadata or {})]
+    if len(samples) < len(leaves):
+        logger.warning(
+            "agent-rl gates: %d of %d samples carry no agent-rl provenance and are not checked "
+            "(not made by slime_backend's generate function)",
+            len(leaves) - len(samples),
+            len(leaves),
+        )
+    episodes: dict[int, EpisodeHealth] = {}
+    for sample in samples:
+        record = sample.metadata[NAMESPACE]["episode"]
+        episodes.setdefault(
+            episode_key(sample),
+            EpisodeHealth(
+                status=EpisodeStatus(record["status"]),
+                trained_tokens=record["trained_tokens"],
+                tool_calls=record["tool_calls"],
+                malformed_tool_calls=record["malformed_tool_calls"],
+            ),
+        )
+    report = evaluate_gates(episodes.values(), config)
+    marks = report.as_dict()
+    for sample in samples:
+        sample.metadata[NAMESPACE]["gates"] = marks
+    if report.tripped:
+        logger.error(
+            "agent-rl SILENT-FAILURE GATE TRIPPED (%d episodes): %s",
+            len(episodes),
+            report.describe(),
+        )
+        if config.fail_step:
+            raise SilentFailureAlarm(report)
+    else:
+        logger.info("agent-rl gates passed for %d episodes: %s", len(episodes), marks)
+
+
+def _leaves(node: Any) -> Iterator[Any]:
+    """Every sample of a nested rollout batch (iteratively: depth is slime's to choose)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            yield item

@@ -1,0 +1,92 @@
+"""``SlimeRunner``: a TOML file in, a slime training job out (or, dry, the exact plan)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from slime_backend.typed_config import ConfigError, from_mapping
+
+from .command import custom_config_path, ray_submit_command, train_command
+from .config import RunnerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything a launch does: one file to write, one command to run."""
+
+    custom_config_path: str
+    custom_config: str
+    train_command: tuple[str, ...]
+    """slime's command line as the Ray job runs it."""
+    submit_command: tuple[str, ...]
+    """``ray job submit ... -- <train_command>``, run on a machine that reaches the Ray head."""
+
+    def render(self) -> str:
+        """Shell-ready text: the custom config, then the submit command one flag per line."""
+        return (
+            f"# 1. write {self.custom_config_path}\n"
+            f"{self.custom_config}"
+            "# 2. submit the training job\n"
+            f"{_one_flag_per_line(self.submit_command)}\n"
+        )
+
+
+class SlimeRunner:
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def from_toml(cls, path: Path) -> SlimeRunner:
+        """Load a run; any bad value raises one :class:`ConfigError` naming file and field."""
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+        try:
+            return cls(from_mapping(RunnerConfig, data))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc.path}", exc.message) from None
+
+    def plan(self) -> LaunchPlan:
+        return LaunchPlan(
+            custom_config_path=custom_config_path(self.config),
+            custom_config=self.config.backend_settings().custom_config(),
+            train_command=tuple(train_command(self.config)),
+            submit_command=tuple(ray_submit_command(self.config)),
+        )
+
+    def dry_run(self, out: TextIO = sys.stdout) -> LaunchPlan:
+        """Print what :meth:`submit` would do, and return it."""
+        plan = self.plan()
+        out.write(plan.render())
+        return plan
+
+    def submit(self, *, ray: str = "ray") -> int:
+        """Write the custom config, run ``ray job submit``; returns its exit status.
+
+        ``ray`` is the Ray CLI to use (``pip install slime-backend[ray]`` provides one).
+        """
+        plan = self.plan()
+        path = Path(plan.custom_config_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(plan.custom_config)
+        return subprocess.run([ray, *plan.submit_command[1:]], check=False).returncode
+
+
+def _one_flag_per_line(command: tuple[str, ...]) -> str:
+    lines: list[str] = []
+    for token in command:
+        quoted = shlex.quote(token)
+        if token.startswith("-") and lines:
+            lines.append(quoted)
+        elif lines:
+            lines[-1] += " " + quoted
+        else:
+            lines.append(quoted)
+    return " \\\n    ".join(lines)

@@ -1,0 +1,69 @@
+"""What every sample carries about where its tokens came from, as plain data.
+
+Stored under ``metadata["agent_rl"]`` next to the task payload, so a researcher holding one sample
+from a slime rollout dump can answer: which session and turns is this, why is each untrained token
+untrained, what did the episode generate that no sample trains, and how did tool calling go. Plain
+dicts, lists, strings and numbers only: slime pickles samples across Ray and ``torch.save``s them.
+"""
+
+from __future__ import annotations
+
+from trajectory_tree import Linearization, Sample, SessionSummary, SessionTree
+
+from .episode import EpisodeOutcome, JsonValue
+
+
+def episode_record(
+    tree: SessionTree,
+    linearization: Linearization,
+    summary: SessionSummary,
+    outcome: EpisodeOutcome,
+    *,
+    rollout_id: int,
+    trained_tokens: int,
+) -> dict[str, JsonValue]:
+    """Facts about the whole episode, identical on each of its samples.
+
+    ``trained_tokens`` is what the emitted samples train (0 for an aborted episode, whatever its
+    tree holds); the tool-call counts cover every recorded turn, trained or not.
+    """
+    return {
+        "session_id": tree.session_id,
+        "rollout_id": rollout_id,
+        "status": outcome.status.value,
+        "reason": outcome.reason,
+        "reward": outcome.reward,
+        "samples": len(linearization.samples),
+        "turns": summary.turns,
+        "branches": summary.branches,
+        "generated_tokens": summary.generated_tokens,
+        "trained_tokens": trained_tokens,
+        "tool_calls": summary.tool_calls,
+        "malformed_tool_calls": summary.malformed_tool_calls,
+        "aborted_turns": summary.aborted_turns,
+        "rerendered_turns": summary.rerendered_turns,
+        "excluded_tokens": {str(r): n for r, n in sorted(summary.excluded_tokens.items())},
+        "exclusions": [
+            {"turn": e.turn, "reason": str(e.reason), "tokens": e.tokens}
+            for e in linearization.exclusions
+        ],
+        "artifacts": dict(outcome.artifacts),
+    }
+
+
+def sample_record(sample: Sample, *, truncated_by: str | None) -> dict[str, JsonValue]:
+    """Facts about one sample: its branch, its turns, and a reason count for every masked token."""
+    trained = set(sample.trained_turns)
+    context_turns = sorted(
+        {s.turn for s in sample.spans if s.turn is not None and s.turn not in trained}
+    )
+    return {
+        "position": sample.index,
+        "leaf_turn": sample.leaf_turn,
+        "trained_turns": list(sample.trained_turns),
+        "context_turns": context_turns,
+        "prompt_tokens": sample.prompt_length,
+        "trained_tokens": sample.trained_tokens,
+        "masked_tokens": {str(r): n for r, n in sorted(sample.masked_tokens().items())},
+        "truncated_by": truncated_by,
+    }

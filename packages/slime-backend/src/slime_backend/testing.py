@@ -1,0 +1,71 @@
+"""A stand-in for ``slime.utils.types.Sample`` where slime cannot be installed (no GPU, no torch).
+
+Same field names, order and defaults, and the same ``Status`` values, as slime's ``Sample`` at the
+commit pinned in docs/slime-contract.md; fields that slime types as tensors are plain lists here.
+It has none of slime's methods: code in this package only constructs samples and reads fields.
+The opt-in test ``test_contract_checkout.py`` compares this class with a real slime checkout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass
+class StandInSpecInfo:
+    spec_accept_token_num: int = 0
+    spec_draft_token_num: int = 0
+    spec_verify_ct: int = 0
+    completion_token_num: int = 0
+
+
+@dataclass
+class StandInPrefixCacheInfo:
+    cached_tokens: int = 0
+    total_prompt_tokens: int = 0
+
+
+@dataclass
+class StandInSample:
+    """Test double of slime's ``Sample`` (a dataclass; this is one too)."""
+
+    group_index: int | None = None
+    index: int | None = None
+    rollout_id: int | None = None
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
+    multimodal_train_input_id: str | None = None
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_top_p_token_ids: list[int] | None = None
+    rollout_top_p_token_offsets: list[int] | None = None
+    rollout_routed_experts: list[list[int]] | None = None
+    remove_sample: bool = False
+    teacher_log_probs: list[float] | None = None
+
+    class Status(Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    status: Status = Status.PENDING
+    metadata: dict[Any, Any] = field(default_factory=dict)
+    generate_function_path: str | None = None
+    custom_rm_path: str | None = None
+    train_metadata: dict[str, Any] | None = None
+    session_id: str | None = None
+    non_generation_time: float = 0.0
+    spec_info: StandInSpecInfo = field(default_factory=StandInSpecInfo)
+    prefix_cache_info: StandInPrefixCacheInfo = field(default_factory=StandInPrefixCacheInfo)
