@@ -1,0 +1,133 @@
+"""Extract the facts this package relies on from a slime checkout into tests/data/slime_contract.json.
+
+    uv run packages/slime-backend/tools/slime_contract.py PATH           # rewrite the data file
+    uv run packages/slime-backend/tools/slime_contract.py PATH --check   # compare, exit 1 on drift
+
+PATH is a slime work tree or a bare git directory (its HEAD is read). Extracted, by parsing the
+source (slime imports torch, so it is never imported):
+
+- ``flags``: every ``--flag`` registered by the modules that build ``train.py``'s parser
+  (``add_argument`` and slime's ``reset_arg`` calls with a literal flag);
+- ``sample_fields`` / ``sample_status``: the fields of ``slime.utils.types.Sample`` in order, and
+  the values of ``Sample.Status``.
+
+``mounted`` is kept from the existing file: flags slime's parser takes from other packages
+(Megatron-LM, sglang-router) that we emit, each with a file of the checkout that shows slime uses
+it. The tool checks that each such file still contains the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "slime_contract.json"
+PARSER_FILES = ("slime/utils/arguments.py", "slime/backends/sglang_utils/arguments.py")
+SAMPLE_FILE = "slime/utils/types.py"
+
+
+class Checkout:
+    """Read files of a slime work tree, or of a bare repository's HEAD."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.bare = not (path / "train.py").is_file()
+
+    def git(self, *args: str) -> str:
+        where = ["--git-dir", str(self.path)] if self.bare else ["-C", str(self.path)]
+        return subprocess.run(
+            ["git", *where, *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    def commit(self) -> str:
+        return self.git("rev-parse", "HEAD").strip()
+
+    def read(self, name: str) -> str:
+        return self.git("show", f"HEAD:{name}") if self.bare else (self.path / name).read_text()
+
+
+def parser_flags(source: str) -> set[str]:
+    flags: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in ("add_argument", "reset_arg"):
+            continue
+        flags.update(
+            arg.value
+            for arg in node.args
+            if isinstance(arg, ast.Constant)
+            and isinstance(arg.value, str)
+            and arg.value.startswith("--")
+        )
+    return flags
+
+
+def sample_layout(source: str) -> tuple[list[str], list[str]]:
+    """Field names of ``class Sample`` (annotated class attributes, in order) and Status values."""
+    sample = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Sample"
+    )
+    fields = [
+        n.target.id
+        for n in sample.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    ]
+    status = next(n for n in sample.body if isinstance(n, ast.ClassDef) and n.name == "Status")
+    values = [
+        n.value.value
+        for n in status.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+    ]
+    return fields, values
+
+
+def extract(checkout: Checkout, mounted: dict[str, dict[str, str]]) -> dict[str, object]:
+    flags: set[str] = set()
+    for name in PARSER_FILES:
+        flags |= parser_flags(checkout.read(name))
+    for flag, entry in mounted.items():
+        if flag in flags:
+            raise SystemExit(f"{flag} is defined by slime itself now: move it out of 'mounted'")
+        if flag not in checkout.read(entry["evidence"]):
+            raise SystemExit(f"{flag}: no longer found in {entry['evidence']}")
+    fields, status = sample_layout(checkout.read(SAMPLE_FILE))
+    return {
+        "slime_commit": checkout.commit(),
+        "parser_files": list(PARSER_FILES),
+        "flags": sorted(flags),
+        "mounted": dict(sorted(mounted.items())),
+        "sample_fields": fields,
+        "sample_status": status,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkout", type=Path, help="slime work tree or bare git directory")
+    parser.add_argument("--check", action="store_true", help="compare instead of rewriting")
+    parser.add_argument("--data", type=Path, default=DATA, help="the data file")
+    args = parser.parse_args()
+    current = json.loads(args.data.read_text())
+    fresh = extract(Checkout(args.checkout), current["mounted"])
+    text = json.dumps(fresh, indent=1) + "\n"
+    if args.check:
+        if fresh != current:
+            changed = sorted(k for k in fresh if fresh[k] != current.get(k))
+            print(f"slime contract drifted in: {', '.join(changed)}", file=sys.stderr)
+            return 1
+        print(f"slime contract matches {fresh['slime_commit']}")
+        return 0
+    args.data.write_text(text)
+    print(f"wrote {args.data} from {fresh['slime_commit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
