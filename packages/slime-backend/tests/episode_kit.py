@@ -123,3 +123,13 @@ def base_sample(
         metadata=dict(payload) if payload is not None else {"repo": "demo/repo", "tests": ["t1"]},
         session_id=f"session-{index}",
     )
+
+
+def mask_of(sample: StandInSample) -> list[int]:
+    assert sample.loss_mask is not None
+    return sample.loss_mask
+
+
+def logprobs_of(sample: StandInSample) -> list[float]:
+    assert sample.rollout_log_probs is not None
+    return sample.rollout_log_probs

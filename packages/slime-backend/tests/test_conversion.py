@@ -10,7 +10,16 @@ from importlib import resources
 from typing import Any
 
 import pytest
-from episode_kit import Recorder, base_sample, fan_out, system, tool, user
+from episode_kit import (
+    Recorder,
+    base_sample,
+    fan_out,
+    logprobs_of,
+    mask_of,
+    system,
+    tool,
+    user,
+)
 
 from slime_backend import (
     NAMESPACE,
@@ -67,21 +76,23 @@ def test_a_real_claude_code_session_becomes_one_exact_sample() -> None:
     assert sample.tokens == lin_sample.tokens.tolist()
     start = lin_sample.prompt_length
     assert sample.response_length == len(sample.tokens) - start
-    assert len(sample.loss_mask) == len(sample.rollout_log_probs) == sample.response_length
-    assert sample.loss_mask[0] == 1  # the response region starts at the first trained token
-    assert sample.loss_mask == lin_sample.loss_mask[start:].tolist()
+    assert len(mask_of(sample)) == len(logprobs_of(sample)) == sample.response_length
+    assert mask_of(sample)[0] == 1  # the response region starts at the first trained token
+    assert mask_of(sample) == lin_sample.loss_mask[start:].tolist()
     # Trained positions carry the engine's logprobs, turn by turn, in order; the rest carry 0.0.
     engine = [lp for turn in tree.turns for lp in turn.output_logprobs]
-    assert [lp for lp, m in zip(sample.rollout_log_probs, sample.loss_mask) if m] == engine
-    assert all(lp == 0.0 for lp, m in zip(sample.rollout_log_probs, sample.loss_mask) if not m)
-    assert sum(sample.loss_mask) == summarize(tree).generated_tokens
+    assert [lp for lp, m in zip(logprobs_of(sample), mask_of(sample), strict=True) if m] == engine
+    assert all(
+        lp == 0.0 for lp, m in zip(logprobs_of(sample), mask_of(sample), strict=True) if not m
+    )
+    assert sum(mask_of(sample)) == summarize(tree).generated_tokens
     assert sample.status is Status.COMPLETED
     assert sample.reward == 1.0
     assert sample.rollout_id == sample.index == 7
     assert sample.weight_versions == ["default"] * 3
     episode = sample.metadata[NAMESPACE]["episode"]
     assert episode["tool_calls"] == 3
-    assert episode["trained_tokens"] == sum(sample.loss_mask)
+    assert episode["trained_tokens"] == sum(mask_of(sample))
     assert episode["artifacts"] == {"tests_passed": 3}
     assert sample.metadata[NAMESPACE]["sample"]["masked_tokens"] == {
         str(r): n for r, n in lin_sample.masked_tokens().items()
@@ -101,7 +112,7 @@ def test_fan_out_gives_one_sample_per_branch_sharing_the_episode() -> None:
         assert s.metadata["repo"] == "demo/repo"  # the task payload, verbatim
         assert s.metadata[NAMESPACE]["episode"]["samples"] == 3
     # Every generated token is trained exactly once across the branches.
-    assert sum(sum(s.loss_mask) for s in samples) == sum(t.output_length for t in rec.tree.turns)
+    assert sum(sum(mask_of(s)) for s in samples) == sum(t.output_length for t in rec.tree.turns)
     trained = [set(s.metadata[NAMESPACE]["sample"]["trained_turns"]) for s in samples]
     assert set.union(*trained) == {0, 1, 2, 3, 4}
     assert sum(map(len, trained)) == 5
@@ -119,7 +130,8 @@ def test_samples_are_plain_picklable_data() -> None:
     for sample in samples:
         assert pickle.loads(pickle.dumps(sample)) == sample
         json.dumps(sample.metadata)  # no enums, arrays or dataclasses hiding in the provenance
-        assert type(sample.tokens) is list and type(sample.rollout_log_probs) is list
+        assert type(sample.tokens) is list
+        assert type(logprobs_of(sample)) is list
 
 
 def test_masked_generated_tokens_carry_zero_logprobs() -> None:
@@ -135,7 +147,7 @@ def test_masked_generated_tokens_carry_zero_logprobs() -> None:
     # The shared plan lies before the second sample's first trained token: it is prompt there.
     assert second.metadata[NAMESPACE]["sample"]["context_turns"] == [0]
     assert second.response_length == len(rec.tree.output_ids(rec.tree.turns[2]))
-    assert all(lp < 0 for lp in second.rollout_log_probs)
+    assert all(lp < 0 for lp in logprobs_of(second))
 
 
 def test_tokens_between_trained_turns_are_response_with_loss_zero() -> None:
@@ -147,8 +159,8 @@ def test_tokens_between_trained_turns_are_response_with_loss_zero() -> None:
     first, second = (len(rec.tree.output_ids(t)) for t in rec.tree.turns)
     gap = sample.response_length - first - second
     assert gap > 0  # the tool result and the next generation prompt
-    assert sample.loss_mask == [1] * first + [0] * gap + [1] * second
-    assert sample.rollout_log_probs[first : first + gap] == [0.0] * gap
+    assert mask_of(sample) == [1] * first + [0] * gap + [1] * second
+    assert logprobs_of(sample)[first : first + gap] == [0.0] * gap
     masked = sample.metadata[NAMESPACE]["sample"]["masked_tokens"]
     assert masked["tool_output"] == len("tool:a.py")
 
@@ -193,7 +205,7 @@ def test_an_aborted_episode_is_one_untrainable_placeholder_with_its_provenance()
     assert sample.status is Status.ABORTED
     assert sample.remove_sample
     assert sample.tokens == list(PLACEHOLDER_TOKENS)
-    assert (sample.response_length, sample.loss_mask, sample.rollout_log_probs) == (1, [0], [0.0])
+    assert (sample.response_length, mask_of(sample), logprobs_of(sample)) == (1, [0], [0.0])
     assert sample.reward == 0.0
     assert sample.rollout_id == 5
     record = sample.metadata[NAMESPACE]

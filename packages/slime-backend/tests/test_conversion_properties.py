@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 
-from episode_kit import Recorder, base_sample, system, tool, user
+from episode_kit import Recorder, base_sample, logprobs_of, mask_of, system, tool, user
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -70,13 +70,14 @@ def test_every_sample_is_faithful_to_the_tree(
     assert samples, "slime must always get at least one sample"
     assert {(s.rollout_id, s.index, s.group_index) for s in samples} == {(42, 42, 9)}
     for s in samples:
-        assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
+        assert len(mask_of(s)) == len(logprobs_of(s)) == s.response_length
         assert s.response_length <= len(s.tokens)
         json.dumps(s.metadata)
         assert pickle.loads(pickle.dumps(s)) == s
     if not lin.samples:
         (placeholder,) = samples
-        assert placeholder.status is Status.ABORTED and placeholder.remove_sample
+        assert placeholder.status is Status.ABORTED
+        assert placeholder.remove_sample
         assert placeholder.metadata[NAMESPACE]["episode"]["trained_tokens"] == 0
         return
 
@@ -84,15 +85,15 @@ def test_every_sample_is_faithful_to_the_tree(
     for s, ref in zip(samples, lin.samples, strict=True):
         start = ref.prompt_length
         assert s.tokens == ref.tokens.tolist()
-        assert s.loss_mask[0] == 1
-        assert s.loss_mask == ref.loss_mask[start:].tolist()
-        for lp, mask, engine in zip(s.rollout_log_probs, s.loss_mask, ref.logprobs[start:]):
+        assert mask_of(s)[0] == 1
+        assert mask_of(s) == ref.loss_mask[start:].tolist()
+        for lp, mask, engine in zip(logprobs_of(s), mask_of(s), ref.logprobs[start:], strict=True):
             assert lp == (engine if mask else 0.0)
         assert s.reward == reward
         truncated_by = s.metadata[NAMESPACE]["sample"]["truncated_by"]
         assert (s.status is Status.TRUNCATED) == (truncated_by is not None)
     # The accounting identity: every generated token is trained once or excluded with a reason.
-    trained = sum(sum(s.loss_mask) for s in samples)
+    trained = sum(sum(mask_of(s)) for s in samples)
     excluded = sum(summary.excluded_tokens.values())
     assert trained + excluded == summary.generated_tokens
     assert samples[0].metadata[NAMESPACE]["episode"]["trained_tokens"] == trained

@@ -1,4 +1,4 @@
-"""Extract the facts this package relies on from a slime checkout into tests/data/slime_contract.json.
+"""Extract the slime facts this package relies on into tests/data/slime_contract.json.
 
     uv run packages/slime-backend/tools/slime_contract.py PATH           # rewrite the data file
     uv run packages/slime-backend/tools/slime_contract.py PATH --check   # compare, exit 1 on drift
@@ -81,7 +81,7 @@ def sample_layout(source: str) -> tuple[list[str], list[str]]:
     ]
     status = next(n for n in sample.body if isinstance(n, ast.ClassDef) and n.name == "Status")
     values = [
-        n.value.value
+        str(n.value.value)
         for n in status.body
         if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
     ]
