@@ -1,0 +1,176 @@
+"""Silent-failure gates: the shares, and the hook as slime calls it on a nested rollout batch."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from episode_kit import Recorder, base_sample, fan_out, system, user
+
+from slime_backend import (
+    NAMESPACE,
+    AgentSettings,
+    BackendSettings,
+    ConfigError,
+    ConversionOptions,
+    EpisodeHealth,
+    EpisodeOutcome,
+    EpisodeSettings,
+    EpisodeStatus,
+    GateConfig,
+    SilentFailureAlarm,
+    episode_samples,
+    evaluate_gates,
+)
+from slime_backend.gate_hook import check_rollout_batch
+from slime_backend.testing import StandInSample
+from slime_backend.typed_config import from_mapping
+
+
+def health(
+    status: EpisodeStatus = EpisodeStatus.COMPLETED,
+    trained: int = 10,
+    calls: int = 3,
+    malformed: int = 0,
+) -> EpisodeHealth:
+    return EpisodeHealth(status, trained, calls, malformed)
+
+
+def test_each_gate_counts_its_share_of_episodes() -> None:
+    episodes = [
+        health(),
+        health(EpisodeStatus.ABORTED, trained=0, calls=0),
+        health(trained=0, calls=0),
+        health(calls=1, malformed=1),  # half of the calls malformed
+        health(calls=4, malformed=1),  # a fifth: not over a 0.2 rate
+    ]
+    report = evaluate_gates(episodes, GateConfig())
+    shares = {r.name: (r.offending, r.episodes) for r in report.results}
+    assert shares == {
+        "zero_trainable": (2, 5),  # aborted episodes count here...
+        "zero_tool_calls": (1, 4),  # ...but not among the episodes that ran
+        "tool_call_parse_failures": (1, 4),
+    }
+    assert [r.name for r in report.tripped] == ["zero_trainable", "tool_call_parse_failures"]
+
+
+def test_a_share_equal_to_its_limit_does_not_trip() -> None:
+    config = GateConfig(max_zero_trainable_share=0.5)
+    assert not evaluate_gates([health(), health(trained=0)], config).tripped
+    assert evaluate_gates([health(trained=0), health(trained=0)], config).tripped
+
+
+def test_an_empty_batch_trips_nothing() -> None:
+    assert not evaluate_gates([], GateConfig(max_zero_trainable_share=0.0)).tripped
+
+
+@pytest.mark.parametrize("name", ["max_zero_trainable_share", "parse_failure_rate"])
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
+def test_limits_outside_zero_to_one_are_refused_by_name(name: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"^agent_rl\.gates\.{name}: must be a share"):
+        from_mapping(GateConfig, {name: value}, "agent_rl.gates")
+
+
+# -- the hook --------------------------------------------------------------------------------
+
+
+def slime_args(gates: GateConfig) -> SimpleNamespace:
+    """``args`` as slime builds it: our custom config file parsed with yaml.safe_load, each
+    top-level key set as an attribute."""
+    settings = BackendSettings(
+        EpisodeSettings("app.episodes.run"), AgentSettings("claude-code"), gates=gates
+    )
+    return SimpleNamespace(**yaml.safe_load(settings.custom_config()))
+
+
+def converted(index: int, recorder: Recorder, outcome: EpisodeOutcome) -> list[StandInSample]:
+    base = base_sample(index=index, group_index=index // 2)
+    return episode_samples(
+        recorder.tree, base, outcome, ConversionOptions(), sample_class=StandInSample
+    )
+
+
+def quiet_episode(seed: int) -> Recorder:
+    """An agent that talks but never calls a tool."""
+    rec = Recorder(seed=seed)
+    rec.turn([system("s"), user("t")], "I think the answer is 4")
+    return rec
+
+
+def rollout_batch() -> list[Any]:
+    """Two prompt groups of two episodes, nested as slime's rollout function hands them over."""
+    return [
+        [
+            converted(0, fan_out(Recorder(seed=0)), EpisodeOutcome(1.0)),
+            converted(1, quiet_episode(1), EpisodeOutcome(0.0)),
+        ],
+        [
+            converted(2, quiet_episode(2), EpisodeOutcome(0.0)),
+            converted(3, fan_out(Recorder(seed=3)), EpisodeOutcome.aborted("grader crashed")),
+        ],
+    ]
+
+
+def test_the_hook_marks_every_sample_and_logs_a_tripped_gate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = rollout_batch()
+    with caplog.at_level(logging.INFO, logger="slime_backend"):
+        check_rollout_batch(
+            slime_args(GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.5)),
+            data,
+        )
+    samples = [s for group in data for result in group for s in result]
+    marks = samples[0].metadata[NAMESPACE]["gates"]
+    assert marks["zero_tool_calls"] == {
+        "share": 2 / 3,
+        "limit": 0.5,
+        "offending": 2,
+        "episodes": 3,
+        "tripped": True,
+    }
+    assert marks["zero_trainable"]["offending"] == 1  # the aborted episode
+    assert not marks["zero_trainable"]["tripped"]
+    assert all(s.metadata[NAMESPACE]["gates"] == marks for s in samples)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "zero_tool_calls: 2/3 episodes (67%) > limit 50%" in errors[0].getMessage()
+
+
+def test_a_healthy_batch_passes_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    data = rollout_batch()
+    with caplog.at_level(logging.INFO, logger="slime_backend"):
+        check_rollout_batch(
+            slime_args(GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.7)),
+            data,
+        )
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "gates passed for 4 episodes" in caplog.text
+
+
+def test_fail_step_raises_so_the_run_stops() -> None:
+    config = GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.5, fail_step=True)
+    with pytest.raises(SilentFailureAlarm, match="zero_tool_calls") as raised:
+        check_rollout_batch(slime_args(config), rollout_batch())
+    assert [r.name for r in raised.value.report.tripped] == ["zero_tool_calls"]
+
+
+def test_samples_from_another_generate_function_are_reported_not_judged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = [[StandInSample(index=9, group_index=0, reward=1.0)], rollout_batch()]
+    with caplog.at_level(logging.WARNING, logger="slime_backend"):
+        check_rollout_batch(
+            slime_args(GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.7)),
+            data,
+        )
+    assert "1 of 7 samples carry no agent-rl provenance" in caplog.text
+    assert NAMESPACE not in data[0][0].metadata
+
+
+def test_a_run_wired_without_our_custom_config_fails_loudly() -> None:
+    with pytest.raises(ConfigError, match=r"^agent_rl: expected a table"):
+        check_rollout_batch(SimpleNamespace(), rollout_batch())
