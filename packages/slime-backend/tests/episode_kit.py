@@ -13,6 +13,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no stubs; slime parses with it
+
 from slime_backend.testing import StandInSample
 from trajectory_tree import (
     BridgedPrompt,
@@ -133,3 +135,9 @@ def mask_of(sample: StandInSample) -> list[int]:
 def logprobs_of(sample: StandInSample) -> list[float]:
     assert sample.rollout_log_probs is not None
     return sample.rollout_log_probs
+
+
+def slime_loads_custom_config(text: str) -> dict[str, Any]:
+    """What slime does with ``--custom-config-path``: ``yaml.safe_load``, keys become ``args``."""
+    loaded: dict[str, Any] = yaml.safe_load(text)
+    return loaded

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
-from episode_kit import Recorder, base_sample, fan_out, system, user
+from episode_kit import Recorder, base_sample, fan_out, slime_loads_custom_config, system, user
 
 from slime_backend import (
     NAMESPACE,
@@ -83,7 +82,7 @@ def slime_args(gates: GateConfig) -> SimpleNamespace:
     settings = BackendSettings(
         EpisodeSettings("app.episodes.run"), AgentSettings("claude-code"), gates=gates
     )
-    return SimpleNamespace(**yaml.safe_load(settings.custom_config()))
+    return SimpleNamespace(**slime_loads_custom_config(settings.custom_config()))
 
 
 def converted(index: int, recorder: Recorder, outcome: EpisodeOutcome) -> list[StandInSample]:
