@@ -38,8 +38,16 @@ class LaunchPlan:
 
 
 class SlimeRunner:
+    """A validated run: constructing one builds its plan, so every check fails here, early."""
+
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
+        self._plan = LaunchPlan(
+            custom_config_path=custom_config_path(config),
+            custom_config=config.backend_settings().custom_config(),
+            train_command=tuple(train_command(config)),
+            submit_command=tuple(ray_submit_command(config)),
+        )
 
     @classmethod
     def from_toml(cls, path: Path) -> SlimeRunner:
@@ -54,12 +62,7 @@ class SlimeRunner:
             raise ConfigError(f"{path}: {exc.path}", exc.message) from None
 
     def plan(self) -> LaunchPlan:
-        return LaunchPlan(
-            custom_config_path=custom_config_path(self.config),
-            custom_config=self.config.backend_settings().custom_config(),
-            train_command=tuple(train_command(self.config)),
-            submit_command=tuple(ray_submit_command(self.config)),
-        )
+        return self._plan
 
     def dry_run(self, out: TextIO = sys.stdout) -> LaunchPlan:
         """Print what :meth:`submit` would do, and return it."""
@@ -83,7 +86,7 @@ def _one_flag_per_line(command: tuple[str, ...]) -> str:
     lines: list[str] = []
     for token in command:
         quoted = shlex.quote(token)
-        if token.startswith("-") and lines:
+        if token.startswith("--") and lines:
             lines.append(quoted)
         elif lines:
             lines[-1] += " " + quoted
