@@ -9,7 +9,11 @@ source (slime imports torch, so it is never imported):
 - ``flags``: every ``--flag`` registered by the modules that build ``train.py``'s parser
   (``add_argument`` and slime's ``reset_arg`` calls with a literal flag);
 - ``sample_fields`` / ``sample_status``: the fields of ``slime.utils.types.Sample`` in order, and
-  the values of ``Sample.Status``.
+  the values of ``Sample.Status``;
+- ``advantage_estimators``: the choices of ``--advantage-estimator``;
+- ``normalization``: what slime's built-in ``RolloutManager._post_process_rewards`` does: the
+  estimators it subtracts the group mean for, those it also divides by the std for, and the
+  epsilon added to the std.
 
 ``mounted`` is kept from the existing file: flags slime's parser takes from other packages
 (Megatron-LM, sglang-router) that we emit, each with a file of the checkout that shows slime uses
@@ -28,6 +32,7 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "slime_contract.json"
 PARSER_FILES = ("slime/utils/arguments.py", "slime/backends/sglang_utils/arguments.py")
 SAMPLE_FILE = "slime/utils/types.py"
+ROLLOUT_FILE = "slime/ray/rollout.py"
 
 
 class Checkout:
@@ -88,6 +93,46 @@ def sample_layout(source: str) -> tuple[list[str], list[str]]:
     return fields, values
 
 
+def estimator_choices(source: str) -> list[str]:
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == "--advantage-estimator"
+        ):
+            choices = next(k.value for k in node.keywords if k.arg == "choices")
+            return [str(v) for v in ast.literal_eval(choices)]
+    raise SystemExit("--advantage-estimator not found")
+
+
+def builtin_normalization(source: str) -> dict[str, object]:
+    """The estimator lists and the epsilon of ``_post_process_rewards``, in source order."""
+    function = next(
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef) and n.name == "_post_process_rewards"
+    )
+    lists: list[list[str]] = []
+    epsilons: list[float] = []
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Attribute)
+            and node.left.attr == "advantage_estimator"
+        ):
+            lists.append([str(v) for v in ast.literal_eval(node.comparators[0])])
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Add)
+            and isinstance(node.right, ast.Constant)
+        ):
+            epsilons.append(float(ast.literal_eval(node.right)))
+    mean, std = lists
+    (epsilon,) = epsilons
+    return {"mean_estimators": mean, "std_estimators": std, "std_epsilon": epsilon}
+
+
 def extract(checkout: Checkout, mounted: dict[str, dict[str, str]]) -> dict[str, object]:
     flags: set[str] = set()
     for name in PARSER_FILES:
@@ -105,6 +150,8 @@ def extract(checkout: Checkout, mounted: dict[str, dict[str, str]]) -> dict[str,
         "mounted": dict(sorted(mounted.items())),
         "sample_fields": fields,
         "sample_status": status,
+        "advantage_estimators": estimator_choices(checkout.read(PARSER_FILES[0])),
+        "normalization": builtin_normalization(checkout.read(ROLLOUT_FILE)),
     }
 
 
