@@ -324,3 +324,11 @@ def test_refused_values_would_have_been_altered(token: str) -> None:
     assert not survives_ray_entrypoint(token)
     if token != "[1,1]":  # a glob only changes when a matching file exists
         assert through_ray_entrypoint(["x", token], "bash")[1:] != [token]
+
+
+def test_the_readme_shows_the_real_dry_run() -> None:
+    out = io.StringIO()
+    SlimeRunner.from_toml(EXAMPLE).dry_run(out)
+    readme = (EXAMPLE.parent.parent / "README.md").read_text()
+    shown = readme.split("The dry run of the example:\n\n```text\n")[1].split("```")[0]
+    assert shown == out.getvalue()
