@@ -77,7 +77,7 @@ def test_the_example_run_becomes_a_ray_job_running_slime_with_our_hooks(tmp_path
     assert flags["--custom-reward-post-process-path"] == [REWARD_HOOK]
     assert flags["--rollout-sample-filter-path"] == [GATE_HOOK]
     assert flags["--router-policy"] == ["consistent_hashing"]
-    assert flags["--custom-config-path"] == ["/shared/runs/swe-qwen3-8b/agent_rl.yaml"]
+    assert flags["--custom-config-path"] == ["/mnt/runs/swe-qwen3-8b/agent_rl.yaml"]
     assert flags["--use-dynamic-batch-size"] == []
     assert flags["--max-tokens-per-gpu"] == ["32768"]
     assert flags["--rollout-batch-size"] == ["8"]
@@ -88,7 +88,7 @@ def test_the_example_run_becomes_a_ray_job_running_slime_with_our_hooks(tmp_path
     assert flags["--num-layers"] == ["36"]  # extra_args, verbatim, last
     assert plan.train_command[-1] == "--untie-embeddings-and-output-weights"
     assert flags["--save-debug-rollout-data"] == [
-        "/shared/runs/swe-qwen3-8b/rollouts/rollout_{rollout_id}.pt"
+        "/mnt/runs/swe-qwen3-8b/rollouts/rollout_{rollout_id}.pt"
     ]
 
 
@@ -103,7 +103,7 @@ def test_dry_run_prints_a_command_a_shell_gives_back_token_for_token(tmp_path: P
     out = io.StringIO()
     plan = SlimeRunner.from_toml(EXAMPLE).dry_run(out)
     text = out.getvalue()
-    assert text.startswith("# 1. write /shared/runs/swe-qwen3-8b/agent_rl.yaml\n")
+    assert text.startswith("# 1. write /mnt/runs/swe-qwen3-8b/agent_rl.yaml\n")
     command = text.split("# 2. submit the training job\n")[1]
     echoed = subprocess.run(
         ["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, check=True
