@@ -211,6 +211,7 @@ def test_an_aborted_episode_is_one_untrainable_placeholder_with_its_provenance()
     record = sample.metadata[NAMESPACE]
     assert record["sample"] == {"placeholder": "sandbox never started"}
     assert record["episode"]["trained_tokens"] == 0
+    assert record["episode"]["samples"] == 0
     assert record["episode"]["tool_calls"] == 4  # what the agent did is still reported
     assert record["episode"]["reason"] == "sandbox never started"
 

@@ -27,7 +27,6 @@ and a missing episode shifts its fixed number of rollouts per training step.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,22 +115,27 @@ def episode_samples(
         rollout_id=str(rollout_id),
         policy=options.reward_policy,
     )
-    summary = summarize(tree, linearization)
-    trainable = outcome.status is not EpisodeStatus.ABORTED and linearization.samples
-    trained = sum(s.trained_tokens for s in linearization.samples) if trainable else 0
+    aborted = outcome.status is EpisodeStatus.ABORTED
+    emitted = () if aborted else linearization.samples
     episode = episode_record(
-        tree, linearization, summary, outcome, rollout_id=rollout_id, trained_tokens=trained
+        tree,
+        linearization,
+        summarize(tree, linearization),
+        outcome,
+        rollout_id=rollout_id,
+        samples=len(emitted),
+        trained_tokens=sum(s.trained_tokens for s in emitted),
     )
 
     def metadata(record: dict[str, JsonValue]) -> dict[Any, Any]:
         return {**(base.metadata or {}), NAMESPACE: {"episode": episode, "sample": record}}
 
-    if not trainable:
-        reason = outcome.reason or "no generated token survived linearization"
+    if not emitted:
+        reason = outcome.reason if aborted else "no generated token survived linearization"
         return [_placeholder(base, sample_class, rollout_id, metadata({"placeholder": reason}))]
     return [
         _slime_sample(tree, s, base, outcome, sample_class, rollout_id, metadata, decode)
-        for s in linearization.samples
+        for s in emitted
     ]
 
 
@@ -145,10 +149,9 @@ def _slime_sample(
     metadata: Callable[[dict[str, JsonValue]], dict[Any, Any]],
     decode: Callable[[Sequence[int]], str] | None,
 ) -> Any:
-    start = sample.prompt_length
-    mask = sample.loss_mask[start:].tolist()
-    logprobs = _masked_logprobs(sample.logprobs[start:], mask)
-    response = sample.tokens[start:].tolist()
+    tokens = sample.tokens.tolist()
+    response = tokens[sample.prompt_length :]
+    mask, logprobs = _response_region(sample)
     truncated_by = _truncated_by(tree, sample, outcome)
     status = sample_class.Status.TRUNCATED if truncated_by else sample_class.Status.COMPLETED
     return sample_class(
@@ -158,7 +161,7 @@ def _slime_sample(
         prompt=base.prompt,
         label=base.label,
         session_id=base.session_id,
-        tokens=sample.tokens.tolist(),
+        tokens=tokens,
         response=decode(response) if decode else "",
         response_length=len(response),
         loss_mask=mask,
@@ -172,12 +175,30 @@ def _slime_sample(
     )
 
 
-def _masked_logprobs(logprobs: array[float], mask: list[int]) -> list[float]:
-    values = [lp if m else 0.0 for lp, m in zip(logprobs, mask, strict=True)]
-    bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-    if bad is not None:
-        raise ConversionError(f"trained token {bad} of the response has logprob {values[bad]}")
-    return values
+def _response_region(sample: Sample) -> tuple[list[int], list[float]]:
+    """``loss_mask`` and ``rollout_log_probs`` of the response region, span by span: a span is
+    trained or not as a whole, and agent sessions are mostly long untrained tool outputs, whose
+    zeros are built without touching each token."""
+    start = sample.prompt_length
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for span in sample.spans:
+        lo, hi = max(span.start, start), span.end
+        if hi <= lo:
+            continue
+        if span.trained:
+            values = sample.logprobs[lo:hi]
+            if not math.isfinite(math.fsum(values)):
+                bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
+                raise ConversionError(
+                    f"trained token {lo + bad - start} of the response has logprob {values[bad]}"
+                )
+            mask += [1] * (hi - lo)
+            logprobs += values.tolist()
+        else:
+            mask += [0] * (hi - lo)
+            logprobs += [0.0] * (hi - lo)
+    return mask, logprobs
 
 
 def _truncated_by(tree: SessionTree, sample: Sample, outcome: EpisodeOutcome) -> str | None:

@@ -20,12 +20,13 @@ def episode_record(
     outcome: EpisodeOutcome,
     *,
     rollout_id: int,
+    samples: int,
     trained_tokens: int,
 ) -> dict[str, JsonValue]:
     """Facts about the whole episode, identical on each of its samples.
 
-    ``trained_tokens`` is what the emitted samples train (0 for an aborted episode, whatever its
-    tree holds); the tool-call counts cover every recorded turn, trained or not.
+    ``samples`` and ``trained_tokens`` describe what slime gets (0 for an aborted episode, whatever
+    its tree holds); the tool-call counts cover every recorded turn, trained or not.
     """
     return {
         "session_id": tree.session_id,
@@ -33,7 +34,7 @@ def episode_record(
         "status": outcome.status.value,
         "reason": outcome.reason,
         "reward": outcome.reward,
-        "samples": len(linearization.samples),
+        "samples": samples,
         "turns": summary.turns,
         "branches": summary.branches,
         "generated_tokens": summary.generated_tokens,
