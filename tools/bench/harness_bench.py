@@ -85,7 +85,7 @@ async def first_requests_in_sandbox(
     """Launch once in each of `runs` fresh sandboxes (one per episode, as in training);
     returns (first-request latencies, median sandbox create time)."""
     latencies = []
-    isolated = await backend.isolation_available()
+    isolated = backend.isolated
     create_times = []
     for index in range(runs):
         async with RecordingEndpoint() as server:
@@ -115,7 +115,7 @@ async def main() -> None:
     args = parser.parse_args()
     console = Console(width=120)
     backend = LocalBackend(LocalConfig())
-    isolated = await backend.isolation_available()
+    isolated = backend.isolated
     work = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     table = Table(
         title=f"First request after launch, median of {args.runs} runs (ms)"

@@ -69,7 +69,7 @@ async def lifecycle_samples(
 
 async def sandbox_table(rounds: int, root: Path) -> Table:
     backend = LocalBackend(LocalConfig(state_root=root))
-    isolated = await backend.isolation_available()
+    isolated = backend.isolated
     await lifecycle_samples(backend, 1, 5)  # warm caches
     table = Table(title=f"local sandbox lifecycle ({'bubblewrap' if isolated else 'FALLBACK'})")
     for column in ("concurrency", "n", "phase", "median ms", "p99 ms"):

@@ -65,13 +65,13 @@ def codex_install(install_config: InstallConfig) -> InstalledCli:
 def backend(tmp_path: Path) -> LocalBackend:
     root = tmp_path / "state"
     root.mkdir()
-    return LocalBackend(LocalConfig(isolation="auto", state_root=root))
+    return LocalBackend(LocalConfig(state_root=root))
 
 
 async def mount_for(backend: LocalBackend, installed: InstalledCli) -> CliMount:
     """A read-only bind at a unique sandbox path (so a test can find its processes by
     command line), or the host path where the backend runs without isolation."""
-    if await backend.isolation_available():
+    if backend.isolated:
         return CliMount.under(installed, PurePosixPath(f"/opt/harness-test-{uuid.uuid4().hex}"))
     return CliMount.at_host_path(installed)
 

@@ -136,7 +136,7 @@ async def test_real_cli_edits_through_its_tool_and_trains_engine_tokens(
         spec = SandboxSpec(
             workspace=GitWorkspace(repo, base),
             network=ForwardedEndpoint(host, port),
-            read_only_binds=(mount.bind,) if await backend.isolation_available() else (),
+            read_only_binds=(mount.bind,) if backend.isolated else (),
         )
         async with await backend.create(spec) as box:
             assert box.endpoint_url is not None

@@ -60,7 +60,7 @@ async def setup(
 ) -> AsyncIterator[Setup]:
     repo, commit = tiny_repo
     mount = await mount_for(backend, agent.installed)
-    isolated = await backend.isolation_available()
+    isolated = backend.isolated
     async with RecordingEndpoint(mode="hang" if server_mode == "hang" else "answer") as server:
         spec = SandboxSpec(
             workspace=GitWorkspace(repo, commit),
@@ -139,7 +139,7 @@ async def test_cancelling_a_run_kills_the_agent(agent: Agent, setup: Setup, tmp_
 async def test_the_cli_install_is_read_only_inside(
     agent: Agent, setup: Setup, backend: LocalBackend
 ) -> None:
-    if not await backend.isolation_available():
+    if not backend.isolated:
         pytest.skip("without bubblewrap the install is the host directory itself (no bind)")
     target = setup.mount.sandbox_prefix / "node_modules" / ".bin"
     result = await setup.box.exec(f"touch {target}/planted || rm -f {setup.mount.bin_path}")

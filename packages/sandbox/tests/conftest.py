@@ -1,33 +1,46 @@
-"""Shared fixtures: a real local backend (bubblewrap when present) and real git repositories."""
+"""Shared fixtures: a real local backend (bubblewrap, every layer on) and real git repositories.
+
+The sandbox tests need bubblewrap (`apt-get install bubblewrap`): without it they fail, naming
+it, rather than pass by testing nothing. CI runs them as root and again as an unprivileged
+user; `SANDBOX_TEST_CGROUP_PARENT` names a cgroup subtree delegated to that user.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
-from pathlib import Path
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
 from sandbox.local import LocalBackend, LocalConfig, LocalSandbox
 from sandbox.spec import SandboxSpec
 
-HAS_BWRAP = shutil.which("bwrap") is not None
+#: A cgroup subtree delegated to the (non-root) user running the tests, if any.
+CGROUP_PARENT = os.environ.get("SANDBOX_TEST_CGROUP_PARENT") or None
 
-requires_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap not installed")
+
+def local_config(state_root: Path, **overrides: Any) -> LocalConfig:
+    """The config every sandbox test uses: full isolation, state under the test's tmp_path."""
+    parent = PurePosixPath(CGROUP_PARENT) if CGROUP_PARENT else None
+    return replace(LocalConfig(state_root=state_root, cgroup_parent=parent), **overrides)
 
 
 @pytest.fixture
 def backend(tmp_path: Path) -> LocalBackend:
     root = tmp_path / "state"
     root.mkdir()
-    return LocalBackend(LocalConfig(isolation="bwrap" if HAS_BWRAP else "auto", state_root=root))
+    return LocalBackend(local_config(root))
 
 
 @pytest.fixture
 async def box(backend: LocalBackend) -> AsyncIterator[LocalSandbox]:
-    async with await backend.create(SandboxSpec()) as sandbox:
+    sandbox = await backend.create(SandboxSpec())
+    assert isinstance(sandbox, LocalSandbox)
+    async with sandbox:
         yield sandbox
 
 

@@ -1,5 +1,6 @@
 """Async sandboxes for agent episodes: local bubblewrap by default, E2B for scale."""
 
+from sandbox._uids import UidRange
 from sandbox.e2b_backend import E2BBackend, E2BConfig
 from sandbox.errors import (
     SandboxBootError,
@@ -11,7 +12,7 @@ from sandbox.errors import (
     UnsupportedSpecError,
 )
 from sandbox.git_diff import CapturedDiff, UnsafePatchError, apply_diff, capture_diff
-from sandbox.local import LocalBackend, LocalConfig
+from sandbox.local import Enforcement, LocalBackend, LocalConfig, LocalSandbox
 from sandbox.protocol import Process, Sandbox, SandboxBackend
 from sandbox.result import ExecResult
 from sandbox.retry import RetryPolicy
@@ -35,11 +36,13 @@ __all__ = [
     "E2BBackend",
     "E2BConfig",
     "EmptyWorkspace",
+    "Enforcement",
     "ExecResult",
     "ForwardedEndpoint",
     "GitWorkspace",
     "LocalBackend",
     "LocalConfig",
+    "LocalSandbox",
     "Process",
     "ReadOnlyBind",
     "ResourceLimits",
@@ -54,6 +57,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxUnavailableError",
     "SetupFailedError",
+    "UidRange",
     "UnsafePatchError",
     "UnsupportedSpecError",
     "apply_diff",

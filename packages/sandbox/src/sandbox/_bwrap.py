@@ -1,42 +1,76 @@
-"""The bubblewrap command line that boots a local sandbox, and the nsenter prefix to enter it.
+"""The bubblewrap command line that boots a local sandbox around its init (see _init.py).
 
-One long-lived `bwrap` per sandbox holds the namespaces (user, pid, ipc, uts, net, cgroup);
-every command enters them with `nsenter`, so commands share /tmp, the process table and
-loopback like on one machine (a server started with `start` is reachable from a later
-`exec`). bwrap's own reaper is pid 1: when it dies the kernel kills everything in the pid
-namespace, which is how `close()` and `--die-with-parent` take detached processes down too.
+One `bwrap` per sandbox creates fresh user, pid, ipc, uts, net and cgroup namespaces, builds
+the file tree below, then drops every capability (bounding set included), sets no_new_privs,
+forbids further user namespaces, installs the seccomp filter and executes our init as pid 1.
+Every command is started by that init, so all of it applies to everything that ever runs
+inside. bubblewrap runs as the sandbox's own unprivileged host uid (see _uids.py), which maps
+to uid 0 inside: "root" in the sandbox owns nothing on the host.
+
+When root creates the sandbox, bind sources are first staged where the unprivileged uid can
+reach them (see _stage.py); the binds below then name the staged paths.
+
+The file tree: host /usr (and its merged-/usr links) and /etc read-only, with shadow files
+masked; a fresh /proc (bubblewrap makes /proc/sys, sysrq-trigger, irq and bus read-only, and
+the kernel-memory files below are masked); a minimal /dev; size-limited tmpfs for the
+workspace, /tmp, /var/tmp, the home and /dev/shm; nothing else of the host.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import PurePosixPath
 
-from sandbox._forward import SANDBOX_SOCKET_DIR
-from sandbox.spec import ReadOnlyBind, ResourceLimits
+from sandbox.spec import ResourceLimits
 
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_HOME = "/root"
-READY_LINE = b"sandbox-ready\n"
+INIT_PATH = "/run/sandbox/init.py"
+#: Where our interpreter is mounted when it lives outside /usr (a pyenv or uv install).
+PYTHON_MOUNT = "/run/sandbox/python"
+#: Small: /run holds only sockets and pid files of what the agent starts.
+_RUN_BYTES = 64 << 20
 
-# Host files that stay hidden even though /etc is visible: the sandbox's root maps to the
-# caller's uid, so when that is host root these would otherwise be readable inside.
 _MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 _MASKED_DIRS = ("/etc/ssl/private",)
+_MASKED_PROC = ("/proc/kcore", "/proc/kallsyms", "/proc/timer_list", "/proc/sched_debug")
 _MERGED_USR_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """A host path to mount read-only at `target` inside."""
+
+    source: str
+    target: PurePosixPath
+
+
+@dataclass(frozen=True, slots=True)
+class BootFds:
+    """Descriptors bubblewrap inherits to set the sandbox up (see the module docstring)."""
+
+    info: int
+    block: int
+    seccomp: int
+    init_script: int
+    control: int
+
+    def all(self) -> tuple[int, ...]:
+        return (self.info, self.block, self.seccomp, self.init_script, self.control)
 
 
 def bwrap_argv(
     bwrap: str,
     *,
-    workspace: Path,
-    forward_dir: Path | None,
-    binds: Sequence[ReadOnlyBind],
+    python: str,
+    fds: BootFds,
+    binds: Sequence[Bind],
     limits: ResourceLimits,
-    info_fd: int,
+    init_config: str,
 ) -> list[str]:
-    """Arguments that boot an idle sandbox which prints READY_LINE once fully set up."""
+    """Arguments that boot a sandbox whose pid 1 is our init, serving on `fds.control`."""
     argv = [
         bwrap,
         "--unshare-user",
@@ -45,12 +79,24 @@ def bwrap_argv(
         "--unshare-uts",
         "--unshare-net",
         "--unshare-cgroup-try",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
+        "--as-pid-1",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        "0",
+        "--gid",
+        "0",
         "--hostname",
         "sandbox",
         "--info-fd",
-        str(info_fd),
+        str(fds.info),
+        "--block-fd",
+        str(fds.block),
+        "--seccomp",
+        str(fds.seccomp),
         "--ro-bind",
         "/usr",
         "/usr",
@@ -61,55 +107,30 @@ def bwrap_argv(
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     argv += ["--ro-bind", "/etc", "/etc"]
-    for path in _MASKED_FILES:
-        if os.path.exists(path):
-            argv += ["--ro-bind", "/dev/null", path]
-    for path in _MASKED_DIRS:
-        if os.path.isdir(path):
-            argv += ["--tmpfs", path]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    if limits.tmp_size_bytes is not None:
-        argv += ["--size", str(limits.tmp_size_bytes)]
-    argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", SANDBOX_HOME, "--tmpfs", "/run"]
-    argv += ["--bind", str(workspace), SANDBOX_WORKSPACE]
-    if forward_dir is not None:
-        argv += ["--ro-bind", str(forward_dir), SANDBOX_SOCKET_DIR]
+    argv += [arg for path in _MASKED_FILES if os.path.exists(path) for arg in _mask(path)]
+    argv += [arg for path in _MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path)]
+    argv += ["--proc", "/proc"]
+    argv += [arg for path in _MASKED_PROC if os.path.exists(path) for arg in _mask(path)]
+    argv += ["--dev", "/dev"]
+    for path in ("/dev/shm", "/tmp", "/var/tmp"):  # world-writable and sticky, as usual
+        argv += ["--perms", "1777", *_size(limits.scratch_bytes), "--tmpfs", path]
+    argv += [*_size(limits.scratch_bytes), "--tmpfs", SANDBOX_HOME]
+    argv += [*_size(_RUN_BYTES), "--tmpfs", "/run"]
+    argv += [*_size(limits.workspace_bytes), "--tmpfs", SANDBOX_WORKSPACE]
+    argv += ["--ro-bind-data", str(fds.init_script), INIT_PATH]
     for bind in binds:
-        argv += ["--ro-bind", str(bind.host_path), str(bind.sandbox_path)]
+        argv += ["--ro-bind", bind.source, str(bind.target)]
     argv += ["--chdir", SANDBOX_WORKSPACE]
-    argv += ["/bin/sh", "-c", f"printf '{READY_LINE.decode().strip()}\\n'; exec sleep infinity"]
+    # For init alone (commands get their own environment): our interpreter's shared library
+    # may be linked by the absolute path of its host installation.
+    argv += ["--setenv", "LD_LIBRARY_PATH", f"{PYTHON_MOUNT}/lib"]
+    argv += ["--", python, "-I", "-S", INIT_PATH, str(fds.control), init_config]
     return argv
 
 
-def nsenter_prefix(nsenter: str, init_pid: int) -> list[str]:
-    """Enter every namespace of the sandbox whose pid 1 has host pid `init_pid`.
-
-    `-r -w` take root and cwd from the target, so the command sees the sandbox's file tree.
-    """
-    return [
-        nsenter,
-        "-t",
-        str(init_pid),
-        "-U",
-        "-m",
-        "-n",
-        "-p",
-        "-i",
-        "-u",
-        "--preserve-credentials",
-        "-r",
-        "-w",
-        "--",
-    ]
+def _mask(path: str) -> tuple[str, ...]:
+    return ("--ro-bind", "/dev/null", path)
 
 
-def prlimit_prefix(prlimit: str, limits: ResourceLimits) -> list[str]:
-    """A `prlimit ... --` prefix applying the per-process limits; empty when none are set."""
-    options = []
-    if limits.max_open_files is not None:
-        options.append(f"--nofile={limits.max_open_files}")
-    if limits.max_file_size_bytes is not None:
-        options.append(f"--fsize={limits.max_file_size_bytes}")
-    if limits.max_address_space_bytes is not None:
-        options.append(f"--as={limits.max_address_space_bytes}")
-    return [prlimit, *options, "--"] if options else []
+def _size(limit: int | None) -> tuple[str, ...]:
+    return ("--size", str(limit)) if limit is not None else ()

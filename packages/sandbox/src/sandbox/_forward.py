@@ -1,66 +1,74 @@
 """Forwarding one host TCP endpoint into a sandbox that has no network.
 
-The sandbox has its own network namespace with only loopback. On the host we listen on a Unix
-socket in the sandbox's private state directory and relay every connection to the adapter's
-TCP endpoint; the socket's directory is bind-mounted read-only into the sandbox, and inside
-`socat` listens on 127.0.0.1:PORT and relays to that socket. Nothing else on the host is
-reachable: there is no route out of the namespace, only this one file.
+The sandbox's network namespace has only loopback. Its init opens a listening socket on
+127.0.0.1:PORT *inside* that namespace and hands it to the host (see _init.py); the host
+accepts on it and relays each connection to the real endpoint (the protocol adapter). Nothing
+else on the host is reachable: there is no route out, no file to connect to, and the socket is
+held by the host alone, so sandboxed code cannot take it over (it may listen on other ports of
+its own loopback, which reach nothing). No helper process runs in the sandbox for this.
 
-Why socat: a single small Debian package, already the standard tool for exactly this relay,
-starts in about a millisecond, and needs nothing from the sandbox image beyond the host /usr
-that is mounted anyway. (A Python relay would need an interpreter inside and cost ~30 ms.)
+Closing ends every relayed connection by aborting its transports, so both copy loops finish
+on their own: nothing is cancelled mid-callback and nothing is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
+import socket
 
-#: Where the relay socket's directory appears inside the sandbox.
-SANDBOX_SOCKET_DIR = "/run/sandbox-forward"
-SOCKET_NAME = "endpoint.sock"
 _RELAY_CHUNK = 64 * 1024
+_CLOSE_GRACE = 1.0
 
 
 class HostRelay:
-    """Accepts connections on a Unix socket and pipes each to the host TCP endpoint."""
+    """Accepts connections on `listener` (inside the sandbox) and pipes each to host:port."""
 
-    def __init__(self, socket_path: Path, host: str, port: int) -> None:
-        self._socket_path = socket_path
+    def __init__(self, listener: socket.socket, host: str, port: int) -> None:
+        self._listener = listener
         self._host = host
         self._port = port
-        self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self._socket_path))
+        self._listener.setblocking(False)
+        self._server = await asyncio.start_server(self._handle, sock=self._listener)
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        if self._connections:
+            _, pending = await asyncio.wait(self._connections, timeout=_CLOSE_GRACE)
+            for task in pending:  # only a relay stuck in a blocking call would get here
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
+        self._connections.add(task)
+        self._writers.add(writer)
         try:
             try:
                 up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
             except OSError:
                 return
+            self._writers.add(up_writer)
             try:
                 await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
             finally:
+                self._writers.discard(up_writer)
                 await _close(up_writer)
         finally:
+            self._writers.discard(writer)
             await _close(writer)
-            self._tasks.discard(task)
+            self._connections.discard(task)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -71,36 +79,10 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         if writer.can_write_eof():
             writer.write_eof()
     except (ConnectionError, OSError):
-        writer.close()
+        writer.transport.abort()
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(ConnectionError, OSError):
         await writer.wait_closed()
-
-
-def socat_argv(socat: str, port: int) -> list[str]:
-    """The in-sandbox listener: 127.0.0.1:port -> the relay socket (one child per connection)."""
-    return [
-        socat,
-        f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
-        f"UNIX-CONNECT:{SANDBOX_SOCKET_DIR}/{SOCKET_NAME}",
-    ]
-
-
-def is_listening(netns_pid: int, port: int) -> bool:
-    """True once 127.0.0.1:port is in LISTEN state in the network namespace of `netns_pid`.
-
-    Read from the host through /proc, so readiness costs no process inside the sandbox.
-    """
-    wanted = f"0100007F:{port:04X}"
-    try:
-        table = Path(f"/proc/{netns_pid}/net/tcp").read_text()
-    except OSError:
-        return False
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 3 and fields[1] == wanted and fields[3] == "0A":
-            return True
-    return False

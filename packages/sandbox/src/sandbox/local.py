@@ -1,102 +1,135 @@
-"""The embedded default backend: bubblewrap namespaces on this machine.
+"""The embedded default backend: bubblewrap sandboxes on this machine.
 
-Each sandbox is one idle `bwrap` holding fresh user/pid/ipc/uts/net namespaces, a fresh
-workspace directory on the host bound at /workspace, the host's /usr and /etc read-only,
-and private tmpfs /tmp, /root and /run. Commands enter it with nsenter (see _bwrap.py). The
-network namespace has loopback only; a spec's ForwardedEndpoint is relayed in (_forward.py).
+Each sandbox is one `bwrap` holding fresh namespaces around our init (see _bwrap.py and
+_init.py); every command is a child of that init, so it runs with no capabilities, no way to
+regain them (no_new_privs, no user namespaces) and the seccomp filter (_seccomp.py), as an
+unprivileged host uid (_uids.py) inside a cgroup of its own (_cgroups.py). The workspace and
+every scratch directory are size-limited tmpfs that vanish with the sandbox. The threat model
+and what each layer stops are in the package's docs/isolation.md.
 
-Without bubblewrap (or where user namespaces are disabled) the backend falls back to plain
-subprocesses on the host, and says so loudly: a logging.warning per backend and
-`Sandbox.isolated == False`. The fallback keeps the process-group discipline (timeouts and
-close kill what we started) but gives no file-system or network isolation.
+There is no silent downgrade: when a layer cannot be had here, creating a sandbox fails with an
+error naming what is missing. Plain host processes (`isolation="none"`, _host.py) are only ever
+used when asked for by name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
-import posixpath
+import shlex
 import shutil
-import stat
+import signal
+import socket
+import sys
 import tempfile
-import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
 from pathlib import Path, PurePosixPath
-from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, TypeVar
 
-from sandbox import _process_group as pg
+from sandbox import _owner
 from sandbox._bwrap import (
-    READY_LINE,
+    PYTHON_MOUNT,
     SANDBOX_HOME,
     SANDBOX_WORKSPACE,
+    Bind,
+    BootFds,
     bwrap_argv,
-    nsenter_prefix,
-    prlimit_prefix,
 )
-from sandbox._forward import SOCKET_NAME, HostRelay, is_listening, socat_argv
+from sandbox._cgroups import CONTROLLERS, CgroupLimits, CgroupSupport, Counters, SandboxCgroup
+from sandbox._commands import CommandSandbox, Launched, remove_tree
+from sandbox._control import InitChannel
+from sandbox._forward import HostRelay
+from sandbox._host import HostSandbox
+from sandbox._seccomp import compile_filter
+from sandbox._stage import stage_dir, staged_launch
+from sandbox._uids import UidLease, UidRange, lease_uid
 from sandbox.errors import (
     SandboxBootError,
-    SandboxClosedError,
-    SandboxCommandError,
-    SandboxFileNotFoundError,
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox.result import ExecResult
 from sandbox.spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
     GitWorkspace,
-    ReadOnlyBind,
     SandboxSpec,
-    validate_env,
 )
-from sandbox.workspace import checkout_repo
+from sandbox.workspace import CheckoutError, checkout_repo, git_common_dir, resolve_commit
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# Exit codes of the file helper scripts (chosen outside the range coreutils use).
-_EXIT_MISSING = 44
-_EXIT_IS_DIR = 45
-_READ_SCRIPT = (
-    f'[ -e "$1" ] || exit {_EXIT_MISSING}; [ -d "$1" ] && exit {_EXIT_IS_DIR}; exec cat -- "$1"'
+_SEED_PATH = "/run/sandbox/seed"
+_STATE_PREFIX = "sandbox-"
+# Git settings for populating the workspace inside: no system config, and a global config
+# that trusts the read-only source (another uid owns it). Only a global config will do: git
+# hides command-line and environment config from the process that reads a local source.
+_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+}
+_TRUST_SOURCE = (
+    'export GIT_CONFIG_GLOBAL="$(mktemp)" && '
+    "printf '[safe]\\n\\tdirectory = *\\n' > \"$GIT_CONFIG_GLOBAL\" && "
+    "trap 'rm -f \"$GIT_CONFIG_GLOBAL\"' EXIT && "
 )
-_WRITE_SCRIPT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
+_RLIMITS = (
+    ("max_open_files", "RLIMIT_NOFILE"),
+    ("max_file_size_bytes", "RLIMIT_FSIZE"),
+    ("cpu_seconds", "RLIMIT_CPU"),
+)
 
 
 @dataclass(frozen=True, slots=True)
 class LocalConfig:
     """How the local backend runs sandboxes.
 
-    isolation: "auto" uses bubblewrap when it works here and falls back (loudly) otherwise;
-    "bwrap" refuses to fall back; "none" always runs plain subprocesses.
-    state_root: where per-sandbox state directories (workspace, output files) are created;
+    isolation: "bwrap" (the default) isolates every sandbox and fails loudly where it cannot;
+    "none" runs plain host processes. "none" is UNSAFE for model-written code: the code runs
+    as you, with your files and network. Use it only for commands you wrote yourself.
+    state_root: where per-sandbox state directories (command output files) are created;
     None means the system temporary directory.
-    keep_state: leave the state directory (and workspace) on disk after close, for debugging.
+    keep_state: leave the state directory on disk after close, for debugging.
+    uids: the host uids sandboxes run as when the caller is root (one per live sandbox).
+    use_cgroups: limit each sandbox as a whole with its own cgroups where the host allows;
+    False enforces limits with rlimits only (per process, or per host user for processes).
+    cgroup_parent: a cgroup path (relative to each hierarchy's root) delegated to us, under
+    which per-sandbox groups are made; None means `agent-sandboxes/` below our own cgroup.
     """
 
-    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    isolation: Literal["bwrap", "none"] = "bwrap"
     state_root: Path | None = None
     boot_timeout: float = 10.0
     keep_state: bool = False
     base_env: Mapping[str, str] = field(
         default_factory=lambda: {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
     )
+    uids: UidRange = field(default_factory=UidRange)
+    use_cgroups: bool = True
+    cgroup_parent: PurePosixPath | None = None
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("bwrap", "none"):
+            raise ValueError(
+                f"isolation must be 'bwrap' or 'none' (unsafe, no sandbox), got {self.isolation!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
-class _Tools:
-    bwrap: str | None
-    nsenter: str | None
-    prlimit: str | None
-    socat: str | None
+class Enforcement:
+    """How the backend isolates and limits sandboxes on this host, in words for logs."""
+
+    host_uid: str
+    cgroup_controllers: tuple[str, ...]
+    fallbacks: tuple[str, ...]
 
 
 class LocalBackend:
@@ -104,352 +137,81 @@ class LocalBackend:
 
     def __init__(self, config: LocalConfig | None = None) -> None:
         self.config = config or LocalConfig()
-        self._tools = _Tools(
-            bwrap=shutil.which("bwrap"),
-            nsenter=shutil.which("nsenter"),
-            prlimit=shutil.which("prlimit"),
-            socat=shutil.which("socat"),
-        )
-        self._isolated: bool | None = None
-        self._probe_lock = asyncio.Lock()
+        self._prepared: _Prepared | None = None
+        self._prepare_lock = asyncio.Lock()
 
-    async def isolation_available(self) -> bool:
-        """Whether sandboxes will be isolated with bubblewrap (probed once, then cached)."""
-        async with self._probe_lock:
-            if self._isolated is None:
-                self._isolated = await self._decide_isolation()
-            return self._isolated
+    @property
+    def isolated(self) -> bool:
+        return self.config.isolation == "bwrap"
 
-    async def _decide_isolation(self) -> bool:
-        mode = self.config.isolation
-        if mode == "none":
-            logger.warning(
-                "sandbox isolation disabled by config: commands run as plain host processes "
-                "with full file-system and network access"
-            )
-            return False
-        problem = await self._bwrap_problem()
-        if problem is None:
-            return True
-        if mode == "bwrap":
-            raise SandboxUnavailableError(f"bubblewrap isolation unavailable: {problem}")
+    async def enforcement(self) -> Enforcement:
+        """What protects sandboxes here; prepares the backend (once) if needed."""
+        return (await self._prepare()).enforcement
+
+    async def create(self, spec: SandboxSpec) -> CommandSandbox:
+        if self.config.isolation == "none":
+            return await self._create_on_host(spec)
+        prepared = await self._prepare()
+        return await _Boot(self.config, prepared, spec).run()
+
+    async def _prepare(self) -> _Prepared:
+        async with self._prepare_lock:
+            if self._prepared is None:
+                prepared = await asyncio.to_thread(_Prepared.discover, self.config)
+                await _Boot(self.config, prepared, SandboxSpec()).probe()
+                self._prepared = prepared
+                logger.info("local sandboxes: %s", prepared.enforcement)
+                for fallback in prepared.enforcement.fallbacks:
+                    logger.warning("local sandboxes: %s", fallback)
+            return self._prepared
+
+    async def _create_on_host(self, spec: SandboxSpec) -> HostSandbox:
         logger.warning(
-            "SANDBOX NOT ISOLATED: %s; falling back to plain subprocesses with full host "
-            "file-system and network access (install bubblewrap: apt-get install bubblewrap)",
-            problem,
+            "sandbox isolation disabled by config (isolation='none'): commands run as plain "
+            "host processes with this user's files and network; never use it for "
+            "model-written code"
         )
-        return False
-
-    async def _bwrap_problem(self) -> str | None:
-        if self._tools.bwrap is None:
-            return "bwrap not found on PATH"
-        if self._tools.nsenter is None:
-            return "nsenter not found on PATH"
-        probe = await asyncio.create_subprocess_exec(
-            self._tools.bwrap,
-            "--unshare-user",
-            "--unshare-pid",
-            "--unshare-net",
-            "--ro-bind",
-            "/",
-            "/",
-            "--",
-            "true",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await probe.communicate()
-        if probe.returncode != 0:
-            return f"bwrap cannot create namespaces here: {err.decode(errors='replace').strip()}"
-        return None
-
-    async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        isolated = await self.isolation_available()
-        if spec.network is not None and isolated and self._tools.socat is None:
-            raise SandboxUnavailableError(
-                "forwarding an endpoint into the sandbox needs socat (apt-get install socat)"
-            )
-        limits_prefix = self._limits_prefix(spec)
-        root = self.config.state_root or Path(tempfile.gettempdir())
-        state = Path(tempfile.mkdtemp(prefix="sandbox-", dir=root))
+        state = await asyncio.to_thread(_make_state_dir, self.config)
         try:
-            workspace_host = state / "workspace"
-            workspace_host.mkdir()
-            io_dir = state / "io"
-            io_dir.mkdir()
-            binds = list(spec.read_only_binds)
-            binds += await asyncio.to_thread(_materialize, spec, workspace_host)
-            if isolated:
-                return await self._boot_bwrap(
-                    spec, state, workspace_host, io_dir, binds, limits_prefix
-                )
-            return self._fallback(spec, state, workspace_host, io_dir, binds, limits_prefix)
-        except BaseException:
-            if not self.config.keep_state:
-                await asyncio.to_thread(_remove_tree, state)
-            raise
-
-    def _limits_prefix(self, spec: SandboxSpec) -> list[str]:
-        limits = spec.limits
-        wanted = (limits.max_open_files, limits.max_file_size_bytes, limits.max_address_space_bytes)
-        if all(value is None for value in wanted):
-            return []
-        if self._tools.prlimit is None:
-            raise SandboxUnavailableError("resource limits need prlimit (util-linux)")
-        return prlimit_prefix(self._tools.prlimit, limits)
-
-    async def _boot_bwrap(
-        self,
-        spec: SandboxSpec,
-        state: Path,
-        workspace_host: Path,
-        io_dir: Path,
-        binds: list[ReadOnlyBind],
-        limits_prefix: list[str],
-    ) -> LocalSandbox:
-        assert self._tools.bwrap is not None
-        assert self._tools.nsenter is not None
-        forward_dir: Path | None = None
-        relay: HostRelay | None = None
-        if spec.network is not None:
-            forward_dir = state / "forward"
-            forward_dir.mkdir()
-            relay = HostRelay(forward_dir / SOCKET_NAME, spec.network.host, spec.network.port)
-            await relay.start()
-        info_read, info_write = os.pipe()
-        try:
-            argv = bwrap_argv(
-                self._tools.bwrap,
-                workspace=workspace_host,
-                forward_dir=forward_dir,
-                binds=binds,
+            workspace = state / "workspace"
+            home = state / "home"
+            await asyncio.to_thread(_materialize_on_host, spec, workspace, home)
+            prlimit = shutil.which("prlimit")
+            if prlimit is None:
+                raise SandboxUnavailableError("resource limits need prlimit (util-linux)")
+            endpoint = None
+            if spec.network is not None:
+                endpoint = f"http://{spec.network.host}:{spec.network.port}"
+            return HostSandbox(
+                state_dir=state,
+                workspace=workspace,
+                env={**self.config.base_env, "HOME": str(home), **spec.env},
+                keep_state=self.config.keep_state,
+                prlimit=prlimit,
                 limits=spec.limits,
-                info_fd=info_write,
+                endpoint_url=endpoint,
             )
-            bwrap = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={"PATH": DEFAULT_PATH},
-                pass_fds=(info_write,),
-                start_new_session=True,
-            )
-            os.close(info_write)
-            info_write = -1
-            init_pid = await self._await_ready(bwrap, info_read)
         except BaseException:
-            if relay is not None:
-                await relay.close()
+            await asyncio.to_thread(remove_tree, state)
             raise
-        finally:
-            os.close(info_read)
-            if info_write >= 0:
-                os.close(info_write)
-        env = {**self.config.base_env, "HOME": SANDBOX_HOME, **spec.env}
-        sandbox = LocalSandbox(
-            state_dir=state,
-            workspace_host=workspace_host,
-            workspace=SANDBOX_WORKSPACE,
-            io_dir=io_dir,
-            env=env,
-            enter_prefix=nsenter_prefix(self._tools.nsenter, init_pid) + limits_prefix,
-            isolated=True,
-            bwrap=bwrap,
-            relay=relay,
-            endpoint_url=(
-                f"http://127.0.0.1:{spec.network.inside_port}" if spec.network is not None else None
-            ),
-            keep_state=self.config.keep_state,
-        )
-        if spec.network is not None:
-            assert self._tools.socat is not None
-            try:
-                await sandbox._start_forwarder(
-                    socat_argv(self._tools.socat, spec.network.inside_port),
-                    init_pid,
-                    spec.network.inside_port,
-                    self.config.boot_timeout,
-                )
-            except BaseException:
-                await sandbox.close()
-                raise
-        return sandbox
-
-    async def _await_ready(self, bwrap: asyncio.subprocess.Process, info_read: int) -> int:
-        assert bwrap.stdout is not None
-        assert bwrap.stderr is not None
-        try:
-            line = await asyncio.wait_for(bwrap.stdout.readline(), self.config.boot_timeout)
-        except BaseException:
-            pg.kill_group(bwrap)
-            await bwrap.wait()
-            raise
-        if line != READY_LINE:
-            pg.kill_group(bwrap)
-            await bwrap.wait()
-            err = (await bwrap.stderr.read()).decode(errors="replace").strip()
-            raise SandboxBootError(f"bwrap failed to start the sandbox: {err or line!r}")
-        # bwrap wrote the info (a small JSON object, one atomic pipe write) before running
-        # the payload that printed READY_LINE, so it is complete by now.
-        info = json.loads(os.read(info_read, 65536))
-        return int(info["child-pid"])
-
-    def _fallback(
-        self,
-        spec: SandboxSpec,
-        state: Path,
-        workspace_host: Path,
-        io_dir: Path,
-        binds: list[ReadOnlyBind],
-        limits_prefix: list[str],
-    ) -> LocalSandbox:
-        for bind in binds:
-            if Path(bind.sandbox_path) != bind.host_path.resolve():
-                raise UnsupportedSpecError(
-                    f"without bubblewrap {bind.host_path} cannot appear at {bind.sandbox_path}"
-                )
-        home = state / "home"
-        home.mkdir()
-        env = {**self.config.base_env, "HOME": str(home), **spec.env}
-        endpoint = None
-        if spec.network is not None:
-            endpoint = f"http://{spec.network.host}:{spec.network.port}"
-        return LocalSandbox(
-            state_dir=state,
-            workspace_host=workspace_host,
-            workspace=str(workspace_host),
-            io_dir=io_dir,
-            env=env,
-            enter_prefix=limits_prefix,
-            isolated=False,
-            bwrap=None,
-            relay=None,
-            endpoint_url=endpoint,
-            keep_state=self.config.keep_state,
-        )
 
 
-def _materialize(spec: SandboxSpec, workspace_host: Path) -> list[ReadOnlyBind]:
-    """Fill the fresh workspace; return the extra read-only binds it needs."""
-    source = spec.workspace
-    if isinstance(source, EmptyWorkspace):
-        return []
-    if isinstance(source, DirectoryWorkspace):
-        if not source.source.is_dir():
-            raise UnsupportedSpecError(f"workspace source is not a directory: {source.source}")
-        shutil.copytree(source.source, workspace_host, symlinks=True, dirs_exist_ok=True)
-        return []
-    if isinstance(source, GitWorkspace):
-        checkout = checkout_repo(source.repo, source.commit, workspace_host)
-        objects = checkout.shared_objects
-        return [ReadOnlyBind(objects, PurePosixPath(objects))]
-    raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete a state directory even where the sandbox left unreadable or read-only dirs.
-
-    Directories are made accessible with an explicit stack (nesting depth is the agent's
-    choice, so no recursion), then removed in one rmtree.
-    """
-    if not path.exists():
-        return
-    stack = [str(path)]
-    while stack:
-        directory = stack.pop()
-        os.chmod(directory, stat.S_IMODE(os.lstat(directory).st_mode) | stat.S_IRWXU)
-        with os.scandir(directory) as entries:
-            stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
-    shutil.rmtree(path)
-
-
-class LocalProcess:
-    """A detached command of a LocalSandbox; output goes to files in the state directory."""
-
-    def __init__(
-        self, proc: asyncio.subprocess.Process, stdout_path: Path, stderr_path: Path
-    ) -> None:
-        self._proc = proc
-        self._stdout_path = stdout_path
-        self._stderr_path = stderr_path
-        self._started = time.monotonic()
-        self._killed = False
-
-    @property
-    def pid(self) -> int:
-        """Host pid of the launcher process (leader of the command's process group)."""
-        return self._proc.pid
-
-    @property
-    def stdout_path(self) -> Path:
-        return self._stdout_path
-
-    @property
-    def stderr_path(self) -> Path:
-        return self._stderr_path
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
-
-    async def wait(self, timeout: float | None = None) -> ExecResult:
-        exit_code, timed_out = await pg.wait_with_deadline(
-            self._proc, timeout, kill_on_cancel=False
-        )
-        return pg.result_from_files(
-            exit_code, timed_out, self._started, self._stdout_path, self._stderr_path
-        )
-
-    async def kill(self) -> None:
-        pg.kill_group(self._proc)
-        await self._proc.wait()
-
-
-class LocalSandbox:
-    """A running local sandbox. Create it with `LocalBackend.create`."""
+class LocalSandbox(CommandSandbox):
+    """A running bubblewrap sandbox. Create it with `LocalBackend.create`."""
 
     def __init__(
         self,
         *,
-        state_dir: Path,
-        workspace_host: Path,
-        workspace: str,
-        io_dir: Path,
+        boot: _Booted,
         env: Mapping[str, str],
-        enter_prefix: list[str],
-        isolated: bool,
-        bwrap: asyncio.subprocess.Process | None,
-        relay: HostRelay | None,
-        endpoint_url: str | None,
         keep_state: bool,
     ) -> None:
-        validate_env(env)
-        self._state_dir = state_dir
-        self._workspace_host = workspace_host
-        self._workspace = workspace
-        self._io_dir = io_dir
-        self._env = dict(env)
-        self._prefix = enter_prefix
-        self._isolated = isolated
-        self._bwrap = bwrap
-        self._relay = relay
-        self._endpoint_url = endpoint_url
-        self._keep_state = keep_state
-        self._procs: set[asyncio.subprocess.Process] = set()
-        self._closed = False
-        self._close_lock = asyncio.Lock()
-
-    # -- properties -------------------------------------------------------------------------
-
-    @property
-    def workspace(self) -> str:
-        return self._workspace
-
-    @property
-    def workspace_host_path(self) -> Path:
-        """The workspace directory on the host (for the caller's own trusted bookkeeping)."""
-        return self._workspace_host
+        super().__init__(
+            state_dir=boot.state_dir, workspace=SANDBOX_WORKSPACE, env=env, keep_state=keep_state
+        )
+        self._boot = boot
+        self._relay: HostRelay | None = None
+        self._endpoint_url: str | None = None
 
     @property
     def endpoint_url(self) -> str | None:
@@ -457,175 +219,535 @@ class LocalSandbox:
 
     @property
     def isolated(self) -> bool:
-        return self._isolated
+        return True
 
     @property
-    def init_pid(self) -> int | None:
-        """Host pid of the sandbox's bwrap launcher (None without isolation)."""
-        return self._bwrap.pid if self._bwrap is not None else None
+    def host_uid(self) -> int:
+        """The unprivileged host uid every process of this sandbox runs as."""
+        return self._boot.host_uid
 
-    # -- commands ---------------------------------------------------------------------------
+    @property
+    def init_pid(self) -> int:
+        """Host pid of the sandbox's pid 1 (our init)."""
+        return self._boot.init_pid
 
-    async def exec(
+    async def _launch(
         self,
-        cmd: str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> ExecResult:
-        started = time.monotonic()
-        out, err = self._io_paths()
-        try:
-            proc = await self._spawn_shell(cmd, cwd, env, out, err)
-            try:
-                exit_code, timed_out = await pg.wait_with_deadline(
-                    proc, timeout, kill_on_cancel=True
-                )
-            finally:
-                self._procs.discard(proc)
-            return pg.result_from_files(exit_code, timed_out, started, out, err)
-        finally:
-            out.unlink(missing_ok=True)
-            err.unlink(missing_ok=True)
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        stdio: tuple[int, int, int],
+    ) -> Launched:
+        pid = await self._boot.channel.spawn(argv, env, cwd, stdio)
+        return _InitProcess(self._boot.channel, pid)
 
-    async def start(
-        self,
-        cmd: str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> LocalProcess:
-        out, err = self._io_paths()
-        proc = await self._spawn_shell(cmd, cwd, env, out, err)
-        return LocalProcess(proc, out, err)
+    async def _forward(self, inside_port: int, host: str, port: int) -> None:
+        listener = await self._boot.channel.listen(inside_port)
+        self._relay = HostRelay(listener, host, port)
+        await self._relay.start()
+        self._endpoint_url = f"http://127.0.0.1:{inside_port}"
 
-    async def _spawn_shell(
-        self,
-        cmd: str,
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        out: Path,
-        err: Path,
-    ) -> asyncio.subprocess.Process:
-        self._check_open()
-        merged = {**self._env, **(env or {})}
-        validate_env(merged)
-        directory = self._resolve(cwd) if cwd is not None else self._workspace
-        argv = [*self._prefix, "env", "-C", directory, "/bin/bash", "-lc", cmd]
-        with out.open("wb") as stdout, err.open("wb") as stderr:
-            proc = await pg.spawn(argv, env=merged, stdout=stdout, stderr=stderr)
-        self._procs.add(proc)
-        return proc
+    def _limits_token(self) -> object:
+        return self._boot.cgroup.counters() if self._boot.cgroup else None
 
-    def _io_paths(self) -> tuple[Path, Path]:
-        stem = uuid.uuid4().hex
-        return self._io_dir / f"{stem}.out", self._io_dir / f"{stem}.err"
+    def _limits_hit_since(self, token: object) -> tuple[str, ...]:
+        if not isinstance(token, Counters) or self._boot.cgroup is None:
+            return ()
+        return self._boot.cgroup.counters().hits_since(token)
 
-    def _resolve(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self._workspace, path))
+    async def _shutdown(self) -> None:
+        if self._relay is not None:
+            await self._relay.close()
+        await self._boot.stop()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxClosedError("sandbox is closed")
 
-    async def _start_forwarder(
-        self, argv: list[str], init_pid: int, port: int, timeout: float
-    ) -> None:
-        out, err = self._io_paths()
-        with out.open("wb") as stdout, err.open("wb") as stderr:
-            proc = await pg.spawn(
-                [*self._prefix, *argv], env=self._env, stdout=stdout, stderr=stderr
+class _InitProcess:
+    """A command started by the sandbox's init."""
+
+    def __init__(self, channel: InitChannel, pid: int) -> None:
+        self._channel = channel
+        self._pid = pid
+        self._returncode: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    async def wait(self) -> int:
+        self._returncode = await self._channel.wait(self._pid)
+        return self._returncode
+
+    def kill_group(self) -> None:
+        self._channel.kill_group(self._pid)
+
+
+# -- booting ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """Everything a boot needs that is the same for every sandbox of a backend."""
+
+    bwrap: str
+    python: str
+    python_prefix: Path | None
+    """The interpreter's installation, when it is not under /usr (then mounted at PYTHON_MOUNT)."""
+    seccomp: bytes
+    init_source: bytes
+    as_root: bool
+    stage: Path | None
+    """Where root stages bind sources before dropping to the sandbox uid (None: not root)."""
+    cgroups: CgroupSupport
+    enforcement: Enforcement
+
+    @property
+    def python_inside(self) -> str:
+        """The interpreter's path as init sees it."""
+        if self.python_prefix is None:
+            return self.python
+        return str(PurePosixPath(PYTHON_MOUNT) / Path(self.python).relative_to(self.python_prefix))
+
+    @classmethod
+    def discover(cls, config: LocalConfig) -> _Prepared:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxUnavailableError(
+                "bubblewrap (bwrap) not found: install it (apt-get install bubblewrap), or "
+                "pass LocalConfig(isolation='none') to run commands unsandboxed (unsafe for "
+                "model-written code)"
             )
-        self._procs.add(proc)
-        deadline = time.monotonic() + timeout
-        while not is_listening(init_pid, port):
-            if proc.returncode is not None or time.monotonic() > deadline:
-                pg.kill_group(proc)
-                raise SandboxBootError(
-                    f"port forwarder did not start: {pg.read_output(err).strip()!r}"
-                )
-            await asyncio.sleep(0.001)
-
-    # -- files ------------------------------------------------------------------------------
-
-    async def read_file(self, path: str) -> bytes:
-        target = self._resolve(path)
-        code, data, err = await self._helper(_READ_SCRIPT, target, b"")
-        if code == _EXIT_MISSING:
-            raise SandboxFileNotFoundError(target)
-        if code == _EXIT_IS_DIR:
-            raise SandboxCommandError(f"is a directory, not a file: {target}")
-        if code != 0:
-            raise SandboxCommandError(f"reading {target} failed ({code}): {err}")
-        return data
-
-    async def read_text(self, path: str) -> str:
-        return (await self.read_file(path)).decode("utf-8")
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        target = self._resolve(path)
-        payload = data.encode("utf-8") if isinstance(data, str) else data
-        code, _, err = await self._helper(_WRITE_SCRIPT, target, payload)
-        if code != 0:
-            raise SandboxCommandError(f"writing {target} failed ({code}): {err}")
-
-    async def _helper(self, script: str, target: str, stdin: bytes) -> tuple[int, bytes, str]:
-        """Run a fixed sh script inside the sandbox with the path as $1 (never parsed as shell).
-
-        File I/O goes through the sandbox's own view of the file system on purpose: resolving
-        the path on the host would follow symlinks the agent planted to host files.
-        """
-        self._check_open()
-        argv = [*self._prefix, "/bin/sh", "-c", script, "sh", target]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self._env,
-            cwd=None if self._isolated else str(self._workspace_host),
-            start_new_session=True,
+        python = os.path.realpath(sys.executable)
+        prefix = Path(os.path.realpath(sys.base_prefix))
+        visible = python.startswith("/usr/") and prefix.is_relative_to("/usr")
+        if not visible and not Path(python).is_relative_to(prefix):
+            raise SandboxUnavailableError(
+                f"the Python interpreter {python} lies outside its prefix {prefix}"
+            )
+        cgroups = (
+            CgroupSupport.discover(config.cgroup_parent)
+            if config.use_cgroups
+            else CgroupSupport(problems=dict.fromkeys(CONTROLLERS, "disabled by config"))
         )
-        self._procs.add(proc)
+        as_root = os.geteuid() == 0
+        _sweep(config, cgroups)
+        return cls(
+            bwrap=bwrap,
+            python=python,
+            python_prefix=None if visible else prefix,
+            seccomp=compile_filter(),
+            init_source=resources.files("sandbox").joinpath("_init.py").read_bytes(),
+            as_root=as_root,
+            stage=stage_dir(Path(tempfile.gettempdir())) if as_root else None,
+            cgroups=cgroups,
+            enforcement=_enforcement(config, cgroups, as_root),
+        )
+
+
+def _enforcement(config: LocalConfig, cgroups: CgroupSupport, as_root: bool) -> Enforcement:
+    fallbacks = []
+    missing = {
+        "pids": "max_processes is enforced per host user with RLIMIT_NPROC",
+        "memory": "memory_bytes is enforced per process with RLIMIT_DATA",
+        "cpu": "cpu_cores is not enforced",
+    }
+    for controller, consequence in missing.items():
+        if controller not in cgroups.hierarchies:
+            reason = cgroups.problems.get(controller, "unavailable")
+            fallbacks.append(f"no {controller} cgroup ({reason}): {consequence}")
+    uids = config.uids
+    host_uid = (
+        f"one uid per sandbox from {uids.first} (+{uids.count})"
+        if as_root
+        else f"the caller's uid {os.geteuid()}, shared by all sandboxes"
+    )
+    return Enforcement(host_uid, tuple(sorted(cgroups.hierarchies)), tuple(fallbacks))
+
+
+@dataclass(slots=True)
+class _Booted:
+    """The live parts of one sandbox and how to take them down, in order."""
+
+    state_dir: Path
+    process: asyncio.subprocess.Process
+    init_pid: int
+    pidfd: int
+    channel: InitChannel
+    host_uid: int
+    cgroup: SandboxCgroup | None
+    lease: UidLease | None
+
+    async def stop(self) -> None:
+        """Kill init (the kernel then kills everything in its pid namespace and init's exit
+        reaps them), let bwrap reap init, reap bwrap; then drop cgroups and the uid lease."""
+        self.channel.close()
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         try:
-            out, err = await proc.communicate(stdin)
+            await self.process.wait()
+        finally:
+            os.close(self.pidfd)
+            await asyncio.to_thread(self._release)
+
+    def _release(self) -> None:
+        try:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+
+
+class _Boot:
+    """One sandbox boot: each step registers how to undo it, so a failure leaves nothing."""
+
+    def __init__(self, config: LocalConfig, prepared: _Prepared, spec: SandboxSpec) -> None:
+        self.config = config
+        self.prepared = prepared
+        self.spec = spec
+        self._fds: list[int] = []
+
+    async def probe(self) -> None:
+        """Boot and close one empty sandbox: proves every layer works here, or says which not."""
+        try:
+            sandbox = await self.run()
+        except SandboxBootError as error:
+            raise SandboxUnavailableError(
+                f"cannot create a bubblewrap sandbox here: {error}"
+            ) from error
+        await sandbox.close()
+
+    async def run(self) -> LocalSandbox:
+        source = self.spec.workspace
+        commit = None
+        if isinstance(source, GitWorkspace):  # a bad repository fails before anything boots
+            commit = await asyncio.to_thread(resolve_commit, source.repo, source.commit)
+        lease = None
+        if self.prepared.as_root:
+            lease = await asyncio.to_thread(lease_uid, self.config.uids, _uid_lock_dir())
+        state: Path | None = None
+        cgroup: SandboxCgroup | None = None
+        try:
+            state = await asyncio.to_thread(_make_state_dir, self.config)
+            cgroup = await asyncio.to_thread(self._cgroup, state.name)
+            booted = await self._start(state, lease, cgroup)
         except BaseException:
-            pg.kill_group(proc)
+            await asyncio.to_thread(_undo, state, cgroup, lease, self.config.keep_state)
             raise
         finally:
-            self._procs.discard(proc)
-        assert proc.returncode is not None
-        return proc.returncode, out, err.decode(errors="replace").strip()
+            for fd in self._fds:
+                os.close(fd)
+        env = {**self.config.base_env, "HOME": SANDBOX_HOME, **self.spec.env}
+        sandbox = LocalSandbox(boot=booted, env=env, keep_state=self.config.keep_state)
+        try:
+            await self._populate(sandbox, commit)
+            if self.spec.network is not None:
+                network = self.spec.network
+                await sandbox._forward(network.inside_port, network.host, network.port)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
 
-    # -- lifetime ---------------------------------------------------------------------------
+    def _cgroup(self, name: str) -> SandboxCgroup | None:
+        limits = self.spec.limits
+        wanted = CgroupLimits(limits.max_processes, limits.memory_bytes, limits.cpu_cores)
+        if not wanted.wanted():
+            return None
+        return self.prepared.cgroups.create(name, wanted)
 
-    async def close(self) -> None:
-        async with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            for proc in list(self._procs):
-                pg.kill_group(proc)
-            if self._bwrap is not None:
-                # Killing bwrap kills the sandbox's pid 1 (--die-with-parent), and with it
-                # every process in the pid namespace, setsid'd and daemonized ones included.
-                pg.kill_group(self._bwrap)
-                await self._bwrap.wait()
-            await asyncio.gather(*(proc.wait() for proc in self._procs))
-            self._procs.clear()
-            if self._relay is not None:
-                await self._relay.close()
-            if not self._keep_state:
-                await asyncio.to_thread(_remove_tree, self._state_dir)
+    def _keep(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
 
-    async def __aenter__(self) -> Self:
-        return self
+    def _memfd(self, name: str, data: bytes) -> int:
+        fd = self._keep(os.memfd_create(name, 0))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    def _sources(self) -> list[tuple[Path, PurePosixPath]]:
+        """Host paths to bind read-only, and where each appears inside."""
+        sources: list[tuple[Path, PurePosixPath]] = []
+        if self.prepared.python_prefix is not None:
+            sources.append((self.prepared.python_prefix, PurePosixPath(PYTHON_MOUNT)))
+        sources += [(bind.host_path, bind.sandbox_path) for bind in self.spec.read_only_binds]
+        source = self.spec.workspace
+        if isinstance(source, DirectoryWorkspace):
+            sources.append((source.source, PurePosixPath(_SEED_PATH)))
+        elif isinstance(source, GitWorkspace):
+            common = self._git_common_dir
+            sources.append((common, PurePosixPath(common)))
+        elif not isinstance(source, EmptyWorkspace):
+            raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
+        if isinstance(source, DirectoryWorkspace) and not source.source.is_dir():
+            raise UnsupportedSpecError(f"workspace source is not a directory: {source.source}")
+        for host_path, _ in sources:
+            if not host_path.exists():
+                raise UnsupportedSpecError(f"cannot bind {host_path}: it does not exist")
+        return sources
+
+    @cached_property
+    def _git_common_dir(self) -> Path:
+        assert isinstance(self.spec.workspace, GitWorkspace)
+        return git_common_dir(self.spec.workspace.repo)
+
+    def _init_config(self) -> str:
+        limits = self.spec.limits
+        rlimits: list[tuple[str, int]] = [
+            (name, value)
+            for field_name, name in _RLIMITS
+            if (value := getattr(limits, field_name)) is not None
+        ]
+        controllers = self.prepared.cgroups.hierarchies
+        if limits.max_processes is not None and "pids" not in controllers:
+            rlimits.append(("RLIMIT_NPROC", limits.max_processes))
+        if limits.memory_bytes is not None and "memory" not in controllers:
+            rlimits.append(("RLIMIT_DATA", limits.memory_bytes))
+        return json.dumps({"rlimits": rlimits})
+
+    async def _start(
+        self, state: Path, lease: UidLease | None, cgroup: SandboxCgroup | None
+    ) -> _Booted:
+        prepared = self.prepared
+        control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        fds = BootFds(
+            info=self._keep(info_write),
+            block=self._keep(block_read),
+            seccomp=self._memfd("seccomp", prepared.seccomp),
+            init_script=self._memfd("init", prepared.init_source),
+            control=self._keep(control_child.detach()),
+        )
+        sources = self._sources()
+        uid = lease.uid if lease is not None else os.geteuid()
+        paths = [str(host_path) for host_path, _ in sources]
+        wrap = None
+        if prepared.stage is not None:
+            wrap, paths = staged_launch(uid, prepared.stage, [p for p, _ in sources])
+        binds = [Bind(path, target) for path, (_, target) in zip(paths, sources, strict=True)]
+        argv = bwrap_argv(
+            prepared.bwrap,
+            python=prepared.python_inside,
+            fds=fds,
+            binds=binds,
+            limits=self.spec.limits,
+            init_config=self._init_config(),
+        )
+        if wrap is not None:
+            argv = [*wrap, *argv]
+        log = state / "bwrap.log"
+        try:
+            process = await _spawn_bwrap(argv, log, fds.all())
+        except BaseException:
+            control.close()
+            for fd in (info_read, block_write):
+                os.close(fd)
+            raise
+        for fd in (info_write, block_read):  # the child's ends: close ours now
+            self._fds.remove(fd)
+            os.close(fd)
+        channel: InitChannel | None = None
+        pidfd = -1
+        try:
+            info = await _read_info(info_read, process, self.config.boot_timeout, log)
+            init_pid = info["child-pid"]
+            pidfd = os.pidfd_open(init_pid)
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.attach, init_pid)
+            os.write(block_write, b"go")  # the payload (our init) starts only now
+            channel = InitChannel(control)
+            try:
+                await _first_of(channel.ready(self.config.boot_timeout), process, log)
+            except BaseException:
+                channel.close()
+                raise
+        except BaseException:
+            if channel is None:
+                control.close()
+            if pidfd >= 0:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.close(pidfd)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            raise
+        finally:
+            os.close(info_read)
+            os.close(block_write)
+        return _Booted(
+            state_dir=state,
+            process=process,
+            init_pid=init_pid,
+            pidfd=pidfd,
+            channel=channel,
+            host_uid=uid,
+            cgroup=cgroup,
+            lease=lease,
+        )
+
+    async def _populate(self, sandbox: LocalSandbox, commit: str | None) -> None:
+        source = self.spec.workspace
+        if isinstance(source, DirectoryWorkspace):
+            command = f"cp -R -P --preserve=mode,timestamps,links {_SEED_PATH}/. ."
+        elif isinstance(source, GitWorkspace):
+            common = shlex.quote(str(self._git_common_dir))
+            command = (
+                f"{_TRUST_SOURCE}git clone --quiet --shared --no-checkout {common} . && "
+                f"git -c advice.detachedHead=false checkout --quiet --detach {commit}"
+            )
+        else:
+            return
+        result = await sandbox.exec(command, env=_GIT_ENV, timeout=self.config.boot_timeout * 30)
+        if not result.ok:
+            raise CheckoutError(f"populating the workspace failed: {result.stderr.strip()}")
+
+
+async def _spawn_bwrap(
+    argv: list[str], log: Path, inherited: Sequence[int]
+) -> asyncio.subprocess.Process:
+    stderr = await asyncio.to_thread(open, log, "wb")
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+            env={"PATH": DEFAULT_PATH},
+            pass_fds=inherited,
+            start_new_session=True,
+        )
+    finally:
+        stderr.close()
+
+
+async def _read_info(
+    fd: int, process: asyncio.subprocess.Process, timeout: float, log: Path
+) -> dict[str, int]:
+    """bwrap's info JSON (written once, before the payload runs), or bwrap's own error."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    chunks: list[bytes] = []
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        chunks.append(chunk)
+        complete = not chunk or _is_json(b"".join(chunks))  # or bwrap closed it
+        if complete and not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await _first_of(asyncio.wait_for(done, timeout), process, log)
+    except TimeoutError:
+        raise SandboxBootError(f"bwrap did not start within {timeout} s: {_tail(log)}") from None
+    finally:
+        loop.remove_reader(fd)
+    try:
+        info = json.loads(b"".join(chunks))
+    except ValueError:
+        raise SandboxBootError(f"bwrap failed: {_tail(log)}") from None
+    if not isinstance(info, dict) or not isinstance(info.get("child-pid"), int):
+        raise SandboxBootError(f"bwrap sent no child pid: {info!r}")
+    return info
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+async def _first_of(awaitable: Awaitable[_T], process: asyncio.subprocess.Process, log: Path) -> _T:
+    """Await `awaitable`, failing with bwrap's own message if bwrap exits first."""
+    waiting = asyncio.ensure_future(awaitable)
+    exited = asyncio.ensure_future(process.wait())
+    try:
+        await asyncio.wait((waiting, exited), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        waiting.cancel()
+        exited.cancel()
+        raise
+    if waiting.done():
+        exited.cancel()
+        return waiting.result()
+    waiting.cancel()
+    raise SandboxBootError(f"bwrap exited ({process.returncode}): {_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace").strip()[-2000:] or "(no message)"
+    except OSError:
+        return "(no message)"
+
+
+# -- host-side helpers --------------------------------------------------------------------
+
+
+def _uid_lock_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "sandbox-uids"
+
+
+def _make_state_dir(config: LocalConfig) -> Path:
+    root = config.state_root or Path(tempfile.gettempdir())
+    state = Path(tempfile.mkdtemp(prefix=f"{_STATE_PREFIX}{_owner.owner_tag()}", dir=root))
+    (state / "io").mkdir()
+    return state
+
+
+def _undo(
+    state: Path | None, cgroup: SandboxCgroup | None, lease: UidLease | None, keep: bool
+) -> None:
+    try:
+        if cgroup is not None:
+            cgroup.remove()
+        if state is not None and not keep:
+            remove_tree(state)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _sweep(config: LocalConfig, cgroups: CgroupSupport) -> None:
+    """Remove what runs killed before their close left behind (their owner is gone)."""
+    root = config.state_root or Path(tempfile.gettempdir())
+    swept = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            name = entry.name
+            if name.startswith(_STATE_PREFIX) and entry.is_dir() and _owner.is_stale(name):
+                remove_tree(Path(entry.path))
+                swept += 1
+    swept += cgroups.sweep(_owner.is_stale)
+    if swept:
+        logger.info("swept %d leftovers of sandboxes whose owner died", swept)
+
+
+def _materialize_on_host(spec: SandboxSpec, workspace: Path, home: Path) -> None:
+    """Fill a host workspace for isolation='none' (no binds can move paths there)."""
+    workspace.mkdir()
+    home.mkdir()
+    for bind in spec.read_only_binds:
+        if Path(bind.sandbox_path) != bind.host_path.resolve():
+            raise UnsupportedSpecError(
+                f"without bubblewrap {bind.host_path} cannot appear at {bind.sandbox_path}"
+            )
+    source = spec.workspace
+    if isinstance(source, DirectoryWorkspace):
+        if not source.source.is_dir():
+            raise UnsupportedSpecError(f"workspace source is not a directory: {source.source}")
+        shutil.copytree(source.source, workspace, symlinks=True, dirs_exist_ok=True)
+    elif isinstance(source, GitWorkspace):
+        checkout_repo(source.repo, source.commit, workspace)
+    elif not isinstance(source, EmptyWorkspace):
+        raise UnsupportedSpecError(f"unknown workspace source: {source!r}")

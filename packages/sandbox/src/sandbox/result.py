@@ -23,10 +23,25 @@ class ExecResult:
     stderr: str
     timed_out: bool
     duration: float
+    limits_hit: tuple[str, ...] = ()
+    """`ResourceLimits` fields the kernel reports as hit while the command ran (e.g. an OOM
+    kill: "memory_bytes"; a refused fork: "max_processes"). Counted per sandbox, so a
+    background process of the same sandbox can be the one that hit it."""
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+_SIGNAL_LIMITS = {int(signal.SIGXCPU): "cpu_seconds", int(signal.SIGXFSZ): "max_file_size_bytes"}
+
+
+def limit_of_returncode(returncode: int) -> tuple[str, ...]:
+    """The rlimit a command died of: its own death by SIGXCPU/SIGXFSZ, or its shell's report
+    of a child's (exit code 128 + signal, the convention `bash -lc` follows)."""
+    signum = -returncode if returncode < 0 else returncode - 128
+    limit = _SIGNAL_LIMITS.get(signum) if signum > 0 else None
+    return (limit,) if limit else ()
 
 
 def exit_code_from_returncode(returncode: int) -> int:

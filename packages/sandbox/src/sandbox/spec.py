@@ -69,18 +69,42 @@ class ReadOnlyBind:
             raise ValueError(f"sandbox_path must be absolute: {self.sandbox_path}")
 
 
+GiB = 1 << 30
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceLimits:
-    """Limits that cost nothing to enforce (rlimits, tmpfs size); None means unlimited.
+    """What one sandbox may consume; None means unlimited.
 
-    Memory is limited per process (address space), not per sandbox: node and Bun reserve
-    large virtual ranges, so leave it unset for agent CLIs.
+    The defaults bound a runaway episode (a fork bomb, a leaking test suite, a disk filler)
+    without getting in the way of an agent CLI and a project's test suite. Each backend
+    enforces what it can and documents how: the local backend uses a cgroup per sandbox where
+    the host lets it (processes, memory, CPU) and rlimits otherwise, and sizes the tmpfs file
+    systems the sandbox writes to; on E2B the VM's size is the limit.
     """
 
-    max_open_files: int | None = None
+    max_processes: int | None = 2048
+    """Processes and threads of the whole sandbox at once (cgroup pids.max)."""
+    memory_bytes: int | None = 8 * GiB
+    """Memory of the whole sandbox, tmpfs files included (cgroup memory limit)."""
+    cpu_cores: float | None = None
+    """CPU bandwidth of the whole sandbox in cores (cgroup cpu quota); None: a fair share."""
+    cpu_seconds: int | None = None
+    """CPU time of any one process (RLIMIT_CPU: SIGXCPU, then SIGKILL)."""
+    workspace_bytes: int | None = 8 * GiB
+    """Size of the workspace file system."""
+    scratch_bytes: int | None = 2 * GiB
+    """Size of each scratch file system: /tmp, /var/tmp, the home directory, /dev/shm."""
+    max_open_files: int | None = 65536
+    """Open files per process (RLIMIT_NOFILE)."""
     max_file_size_bytes: int | None = None
-    max_address_space_bytes: int | None = None
-    tmp_size_bytes: int | None = None
+    """Largest file any process may write (RLIMIT_FSIZE: SIGXFSZ)."""
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ResourceLimits.{name} must be positive or None, got {value}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,23 +70,36 @@ def _git(args: Sequence[str], *, cwd: Path | None = None) -> str:
     return done.stdout.strip()
 
 
+def resolve_commit(source: Path, commit: str) -> str:
+    """The full id of `commit` in the local repository `source` (CheckoutError if absent)."""
+    source = source.resolve()
+    if not source.exists():
+        raise CheckoutError(f"source repository does not exist: {source}")
+    try:
+        return _git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=source)
+    except CheckoutError as error:
+        raise CheckoutError(f"commit {commit!r} not found in {source}") from error
+
+
+def git_common_dir(source: Path) -> Path:
+    """The git directory holding `source`'s objects and refs (its `.git`, or itself if bare)."""
+    source = source.resolve()
+    if not source.exists():
+        raise CheckoutError(f"source repository does not exist: {source}")
+    return Path(_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=source))
+
+
 def checkout_repo(source: Path, commit: str, dest: Path) -> Checkout:
     """Check out `commit` of the local repository `source` into the empty directory `dest`.
 
     The result has HEAD detached at the full commit id, a clean working tree, and its own
     `.git` whose object store borrows the source's (read-only) through alternates.
     """
-    source = source.resolve()
-    if not source.exists():
-        raise CheckoutError(f"source repository does not exist: {source}")
+    full = resolve_commit(source, commit)
     if dest.exists() and any(dest.iterdir()):
         raise CheckoutError(f"checkout destination is not empty: {dest}")
-    try:
-        full = _git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=source)
-    except CheckoutError as error:
-        raise CheckoutError(f"commit {commit!r} not found in {source}") from error
-    common = Path(_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=source))
-    _git(["clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest)])
+    common = git_common_dir(source)
+    _git(["clone", "--quiet", "--shared", "--no-checkout", str(common), str(dest)])
     _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", full], cwd=dest)
     return Checkout(path=dest, commit=full, shared_objects=common / "objects")
 

@@ -1,0 +1,234 @@
+"""The sandbox's pid 1: starts commands when the host asks and reports when they exit.
+
+This file runs *inside* a local sandbox (the host copies it in read-only and starts it as
+bubblewrap's payload), so it imports nothing but the standard library and never the `sandbox`
+package. Being pid 1 is the point: bubblewrap drops every capability, sets no_new_privs and
+installs the seccomp filter right before starting it, and every process of the sandbox
+descends from it, so those restrictions hold for every command without exception. Nothing
+ever enters the sandbox's namespaces from outside.
+
+It talks to the host over one SOCK_SEQPACKET socket inherited at start (one datagram per
+message, JSON, file descriptors attached with SCM_RIGHTS). The socket has no name in any file
+system, and pid 1 makes itself non-dumpable, so sandboxed code can neither connect to it nor
+take it from /proc/1/fd. Signals from inside the pid namespace cannot kill pid 1 either: the
+kernel drops them unless pid 1 handles them, and it handles only SIGCHLD.
+
+Host -> init:
+  {"op": "spawn", "id": N, "argv": [...], "env": {...}, "cwd": "..."}
+      + fds stdin, stdout, stderr   -> {"id": N, "pid": P} or {"id": N, "error": "..."}
+      A body too large for one datagram comes as {"op": "spawn", "id": N, "body": true}
+      with the JSON in a fourth fd.
+  {"op": "signal", "pid": P, "sig": S}     (no reply) signal the process group P leads,
+      only while P is a command we started and have not reaped.
+  {"op": "listen", "id": N, "port": PORT}  -> {"id": N} + the listening TCP socket, bound
+      to 127.0.0.1:PORT inside the sandbox's network namespace, for the host to serve.
+Init -> host:
+  {"ev": "ready"} once, then {"ev": "exit", "pid": P, "returncode": R} for each command
+  (R as in subprocess: negative for a signal). The host closing its end ends the sandbox.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import selectors
+import signal
+import socket
+import sys
+
+MAX_DATAGRAM = 60 * 1024
+MAX_FDS = 4
+_FD_BYTES = array.array("i").itemsize
+ANCILLARY_SPACE = socket.CMSG_SPACE(MAX_FDS * _FD_BYTES)
+_PR_SET_DUMPABLE = 4
+# Python ignores these itself; ignored dispositions survive exec, so commands get defaults.
+_RESET_IN_CHILD = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
+
+
+class Init:
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.running: set[int] = set()
+
+    def send(self, message: dict[str, object], fds: tuple[int, ...] = ()) -> None:
+        data = json.dumps(message).encode()
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        self.control.sendmsg([data], ancillary)
+
+    def serve(self) -> None:
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        selector = selectors.DefaultSelector()
+        selector.register(self.control, selectors.EVENT_READ, "control")
+        selector.register(wake_read, selectors.EVENT_READ, "children")
+        self.send({"ev": "ready"})
+        while True:
+            for key, _ in selector.select():
+                if key.data == "children":
+                    while True:
+                        try:
+                            if not os.read(wake_read, 4096):
+                                break
+                        except BlockingIOError:
+                            break
+                    self.reap()
+                else:
+                    self.receive()
+
+    def receive(self) -> None:
+        try:
+            data, ancillary, flags, _ = self.control.recvmsg(
+                MAX_DATAGRAM, ANCILLARY_SPACE, socket.MSG_DONTWAIT
+            )
+        except BlockingIOError:
+            return
+        except OSError:
+            os._exit(0)
+        if not data:  # the host closed its end: the sandbox is over
+            os._exit(0)
+        fds = received_fds(ancillary)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            os._exit(70)  # a host-side bug; dying ends the sandbox loudly
+        try:
+            self.handle(json.loads(data), fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def handle(self, message: dict[str, object], fds: list[int]) -> None:
+        op = message.get("op")
+        if op == "spawn":
+            if message.get("body"):
+                message = {**json.loads(_read_all(fds.pop())), "id": message["id"]}
+            self.spawn(message, fds)
+        elif op == "signal":
+            pid = int(str(message["pid"]))
+            if pid in self.running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, int(str(message["sig"])))
+        elif op == "listen":
+            self.listen(message)
+
+    def spawn(self, message: dict[str, object], fds: list[int]) -> None:
+        request = message["id"]
+        argv_in, env_in = message["argv"], message["env"]
+        assert isinstance(argv_in, list)
+        assert isinstance(env_in, dict)
+        argv = [str(part) for part in argv_in]
+        env = {str(key): str(value) for key, value in env_in.items()}
+        cwd = str(message["cwd"])
+        if len(fds) != 3:
+            self.send({"id": request, "error": "spawn needs stdin, stdout and stderr"})
+            return
+        report_read, report_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _become(argv, env, cwd, fds, report_write)
+        os.close(report_write)
+        failure = _read_all(report_read)
+        if failure:
+            self.send({"id": request, "error": failure.decode(errors="replace")})
+            return  # the child exits 127 and is reaped untracked
+        self.running.add(pid)
+        self.send({"id": request, "pid": pid})
+
+    def listen(self, message: dict[str, object]) -> None:
+        request = message["id"]
+        try:
+            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", int(str(message["port"]))))
+            server.listen(1024)
+        except OSError as error:
+            self.send({"id": request, "error": f"cannot listen: {error}"})
+            return
+        with server:
+            self.send({"id": request}, (server.fileno(),))
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.running:  # orphans adopted by pid 1 are reaped silently
+                self.running.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                self.send({"ev": "exit", "pid": pid, "returncode": code})
+
+
+def _become(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], report: int) -> None:
+    """In the forked child: become the command, or report why not and exit 127."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in _RESET_IN_CHILD:
+            signal.signal(signum, signal.SIG_DFL)
+        os.setsid()
+        os.chdir(cwd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.execve(argv[0], argv, env)
+    except BaseException as error:
+        os.write(report, f"cannot start {argv[0]} in {cwd}: {error}".encode()[:4000])
+    finally:
+        os._exit(127)
+
+
+def received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """File descriptors passed with SCM_RIGHTS, made non-inheritable."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % _FD_BYTES
+            fds.extend(array.array("i", data[:usable]))
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return fds
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _lower_limit(kind: int, value: int) -> None:
+    """Set the limit to `value`, or keep the host's where it is already lower.
+
+    CPU time gets a hard limit a second above the soft one: the soft limit sends SIGXCPU
+    (which says why), the hard one SIGKILL for a process that ignores it.
+    """
+    _, host_hard = resource.getrlimit(kind)
+    hard = value + 1 if kind == resource.RLIMIT_CPU else value
+    if host_hard != resource.RLIM_INFINITY:
+        value, hard = min(value, host_hard), min(hard, host_hard)
+    resource.setrlimit(kind, (value, hard))
+
+
+def main() -> None:
+    control_fd = int(sys.argv[1])
+    config = json.loads(sys.argv[2])
+    os.set_inheritable(control_fd, False)
+    # Non-dumpable: no /proc/1/{fd,mem,environ} and no ptrace for the sandbox's processes.
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for name, value in config.get("rlimits", []):
+        _lower_limit(getattr(resource, name), value)
+    control = socket.socket(fileno=control_fd)
+    control.setblocking(True)
+    Init(control).serve()
+
+
+if __name__ == "__main__":
+    main()

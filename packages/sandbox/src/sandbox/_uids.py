@@ -1,0 +1,70 @@
+"""Host uids for sandboxes created by root: one unprivileged uid per live sandbox.
+
+Root never runs sandboxed code as itself: each sandbox's processes run as a uid of their own,
+leased from a configured range. Host files the sandbox can see are then protected by plain
+permissions (it owns none of them), and the per-user process cap of the kernel (RLIMIT_NPROC)
+becomes a per-sandbox cap. A lease is an exclusive flock on one lock file per uid, so several
+processes on a node (rollout workers) share the range safely, and the kernel releases a lease
+when its holder dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.errors import SandboxUnavailableError
+
+
+@dataclass(frozen=True, slots=True)
+class UidRange:
+    """Host uids (used as gids too) that sandboxes run as when the caller is root.
+
+    The default block starts at one billion: far above login users and the subordinate-id
+    ranges tools allocate from 100000 upwards. Pick another block if your hosts use that one.
+    """
+
+    first: int = 1_000_000_000
+    count: int = 65536
+    lock_dir: Path | None = None
+    """Where the lease files live; all users of one range on a host must share it (default:
+    `sandbox-uids` in the system temporary directory)."""
+
+    def __post_init__(self) -> None:
+        if self.first < 1000 or self.count < 1 or self.first + self.count > 2**31 - 1:
+            raise ValueError(f"unusable uid range: {self.first}+{self.count}")
+
+
+class UidLease:
+    """An exclusively held uid; `release()` (idempotent) gives it back."""
+
+    def __init__(self, uid: int, lock_fd: int) -> None:
+        self.uid = uid
+        self._lock_fd = lock_fd
+
+    def release(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def lease_uid(uids: UidRange, default_lock_dir: Path) -> UidLease:
+    """Take a free uid of the range (blocking file I/O: call it in a worker thread)."""
+    lock_dir = uids.lock_dir or default_lock_dir
+    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    start = random.randrange(uids.count)  # spread concurrent callers over the range
+    for step in range(uids.count):
+        uid = uids.first + (start + step) % uids.count
+        fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return UidLease(uid, fd)
+    raise SandboxUnavailableError(
+        f"all {uids.count} sandbox uids from {uids.first} are in use (see UidRange)"
+    )
