@@ -150,6 +150,23 @@ def test_masked_generated_tokens_carry_zero_logprobs() -> None:
     assert all(lp < 0 for lp in logprobs_of(second))
 
 
+def test_an_aborted_turn_inside_the_response_is_masked_with_zero_logprobs() -> None:
+    """The agent continued after a generation that was aborted: its tokens are context now,
+    between two trained turns; slime must see mask 0 and logprob 0.0 there, not the engine's."""
+    rec = Recorder()
+    task = [system("s"), user("t")]
+    r0 = rec.turn(task, "first")
+    r1 = rec.turn([*task, r0, user("go on")], "cut short", finish=FinishReason.ABORT)
+    rec.turn([*task, r0, user("go on"), r1, user("again")], "last")
+    (sample,) = convert(rec.tree)
+    aborted = rec.tree.output_ids(rec.tree.turns[1]).tolist()
+    response = sample.tokens[-sample.response_length :]
+    at = next(i for i in range(len(response)) if response[i : i + len(aborted)] == aborted)
+    assert mask_of(sample)[at : at + len(aborted)] == [0] * len(aborted)
+    assert logprobs_of(sample)[at : at + len(aborted)] == [0.0] * len(aborted)
+    assert sample.metadata[NAMESPACE]["sample"]["masked_tokens"]["aborted"] == len(aborted)
+
+
 def test_tokens_between_trained_turns_are_response_with_loss_zero() -> None:
     rec = Recorder()
     task = [system("main"), user("task")]
