@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Run the sandbox package's tests as an unprivileged user, as root runs them in .ci/run.
+#
+# Sandboxes created by a non-root user take another path through the code (bubblewrap runs as
+# the caller, no uid switching, no staging of bind sources), so the escape and limits suites
+# run here a second time. The user gets a cgroup subtree delegated to it, as a cluster admin
+# would do, so per-sandbox limits are real cgroups in this run too; the rlimit fallback is
+# covered by the tests themselves (use_cgroups=False).
+#
+# Needs root (to create the user and delegate the cgroups). Usage:
+#   bash tools/ci/sandbox_tests_as_user.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+user=sandbox-ci
+id -u "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+home=$(getent passwd "$user" | cut -d: -f6)
+work="$home/ci"
+
+# A copy the user can read: the checkout may live under a directory only root can enter.
+rm -rf "$work"
+install -d -o "$user" "$work"
+mkdir -p "$work/packages" && cp -r packages/sandbox "$work/packages/sandbox"
+rm -rf "$work/packages/sandbox/.pytest_cache"
+cp pyproject.toml "$work/pyproject.toml"
+python3 - "$work" <<'PY'
+import sys, tomllib, pathlib
+root = pathlib.Path(sys.argv[1])
+config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["uv"]
+(root / "constraints.txt").write_text("\n".join(config["constraint-dependencies"]) + "\n")
+(root / "exclude-newer").write_text(config["exclude-newer"])
+PY
+chown -R "$user" "$work"
+
+# uv itself, where the user can run it.
+install -m 0755 "$(python3 -c 'import uv; print(uv.find_uv_bin())')" /usr/local/bin/uv
+
+# A delegated cgroup subtree per hierarchy that has one of our controllers (v1 or v2).
+parent=sandbox-ci
+for controller in pids memory cpu; do
+  for mount in "/sys/fs/cgroup/$controller" /sys/fs/cgroup/unified /sys/fs/cgroup; do
+    if [ -e "$mount/cgroup.procs" ]; then
+      mkdir -p "$mount/$parent"
+      chown -R "$user" "$mount/$parent"
+    fi
+  done
+done
+
+# A clean environment, but the registry settings of this machine (certificates, index, proxy).
+passed=()
+for name in SSL_CERT_FILE SSL_CERT_DIR UV_INDEX_URL UV_DEFAULT_INDEX UV_NATIVE_TLS \
+  HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
+  if [ -n "${!name:-}" ]; then passed+=("$name=${!name}"); fi
+done
+
+python=/usr/bin/python3
+runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
+  "${passed[@]}" SANDBOX_TEST_CGROUP_PARENT="/$parent" UV_NO_PROGRESS=1 bash -c '
+    set -euo pipefail
+    cd ~/ci
+    uv venv --quiet --python '"$python"' .venv
+    uv pip install --quiet --python .venv --exclude-newer "$(cat exclude-newer)" \
+      -c constraints.txt "./packages/sandbox[e2b]" pytest pytest-asyncio hypothesis uvicorn
+    echo "-- sandbox tests as $(id -un) (uid $(id -u))"
+    .venv/bin/python -m pytest packages/sandbox/tests -p no:cacheprovider "$@"
+  ' bash "$@"
