@@ -20,6 +20,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from types import SimpleNamespace
 
 from rich.console import Console
@@ -84,6 +85,11 @@ def record_session(turns: int, seed: int) -> SessionTree:
     return tree
 
 
+def linearize_with_reward(tree: SessionTree) -> object:
+    """trajectory-tree's own share of the conversion: the floor."""
+    return assign_reward(linearize(tree), 1.0, rollout_id="1")
+
+
 def median_ms(function: Callable[[], object], runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -112,12 +118,15 @@ def conversion_table(turn_counts: Sequence[int], runs: int) -> Table:
             tree, base, EpisodeOutcome(1.0), ConversionOptions(), sample_class=StandInSample
         )
         tokens = sum(len(s.tokens) for s in samples)
-        floor = median_ms(
-            lambda tree=tree: assign_reward(linearize(tree), 1.0, rollout_id="1"), runs
-        )
+        floor = median_ms(partial(linearize_with_reward, tree), runs)
         full = median_ms(
-            lambda tree=tree: episode_samples(
-                tree, base, EpisodeOutcome(1.0), ConversionOptions(), sample_class=StandInSample
+            partial(
+                episode_samples,
+                tree,
+                base,
+                EpisodeOutcome(1.0),
+                ConversionOptions(),
+                sample_class=StandInSample,
             ),
             runs,
         )
