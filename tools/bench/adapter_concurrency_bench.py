@@ -65,7 +65,7 @@ from rich.table import Table
 
 from protocol_adapters.engine import SGLangConfig, SGLangEngine
 from protocol_adapters.rendering import Renderer, RendererConfig, qwen3_template
-from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters.server.config import AdapterConfig, AdminConfig
 from protocol_adapters.server.ports import reply_parsers
 from protocol_adapters.server.runner import AdapterServer
 from protocol_adapters.server.sessions import SessionLimits
@@ -150,7 +150,7 @@ def adapter_process(
         vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(Path(cache_dir)))
         renderer = Renderer(vocabulary, qwen3_template(), RendererConfig())
         config = AdapterConfig(
-            admin_token=admin_token,
+            admin=AdminConfig(token=admin_token),
             limits=SessionLimits(max_turns=10_000, context_tokens=CONTEXT_TOKENS),
         )
         engine_config = SGLangConfig(base_url=engine_url, max_connections=max_connections)
@@ -158,7 +158,7 @@ def adapter_process(
             SGLangEngine(engine_config) as engine,
             AdapterServer(config, engine, renderer, vocabulary, reply_parsers()) as server,
         ):
-            conn.send(server.url)
+            conn.send((server.url, server.admin_url))
             await asyncio.to_thread(conn.recv)
 
     profiler = cProfile.Profile() if profile else None
@@ -288,6 +288,7 @@ class Row:
 
 async def run_row(
     adapter_url: str,
+    admin_url: str,
     admin_token: str,
     engine: Connection,
     pids: dict[str, int],
@@ -302,7 +303,7 @@ async def run_row(
 
         async def open_session(i: int) -> str:
             async with http.post(
-                f"{adapter_url}/admin/sessions", json={"session_id": f"bench-{i}"}, headers=admin
+                f"{admin_url}/admin/sessions", json={"session_id": f"bench-{i}"}, headers=admin
             ) as r:
                 return str((await r.json())["token"])
 
@@ -329,7 +330,7 @@ async def run_row(
         }
 
         async def close_session(token: str) -> str:
-            async with http.delete(f"{adapter_url}/admin/sessions/{token}", headers=admin) as r:
+            async with http.delete(f"{admin_url}/admin/sessions/{token}", headers=admin) as r:
                 return await r.text()
 
         trees = [loads(text) for text in await asyncio.gather(*map(close_session, tokens))]
@@ -467,7 +468,7 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
         daemon=True,
     )
     adapter.start()
-    adapter_url = await asyncio.to_thread(adapter_here.recv)
+    adapter_url, admin_url = await asyncio.to_thread(adapter_here.recv)
     assert engine.pid is not None
     assert adapter.pid is not None
     pids = {"adapter": adapter.pid, "double": engine.pid, "clients": os.getpid()}
@@ -487,7 +488,14 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
                     f"running {sessions:,} sessions x {args.turns} turns, think {think:g} s"
                 )
                 row = await run_row(
-                    adapter_url, admin_token, engine_here, pids, sessions, args.turns, think
+                    adapter_url,
+                    admin_url,
+                    admin_token,
+                    engine_here,
+                    pids,
+                    sessions,
+                    args.turns,
+                    think,
                 )
                 rows.append(row)
                 for problem in row.problems[:10]:

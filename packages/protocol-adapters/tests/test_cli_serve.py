@@ -1,10 +1,13 @@
-"""``protocol-adapters serve`` as its own process, sessions managed over the admin API."""
+"""``protocol-adapters serve`` as its own process, sessions managed over the admin API, which
+listens on its own port: the agent-facing port (the one forwarded into sandboxes) has none."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -15,62 +18,108 @@ from protocol_adapters.testing.stack import VocabularyTokenizer
 from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import loads
 
+ADMIN_TOKEN = "s3cret-admin"
+SERVING = re.compile(r"serving on (http://\S+); admin API on (http://\S+); context (\d+) tokens")
 
-async def _serving_url(process: asyncio.subprocess.Process) -> str:
+
+def serve_command(engine_url: str, tokenizer_cache: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "protocol_adapters",
+        "serve",
+        "--engine-url",
+        engine_url,
+        "--qwen3-cache",
+        str(tokenizer_cache),
+        "--port",
+        "0",
+        *extra,
+    ]
+
+
+@asynccontextmanager
+async def serving(command: list[str]) -> AsyncIterator[tuple[str, str, int]]:
+    """The agent URL, the admin URL and the context length a running ``serve`` reports."""
+    process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
     assert process.stderr is not None
-    while True:
-        line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
-        assert line, "server exited before serving"
-        if match := re.search(r"serving on (http://\S+);", line):
-            return match.group(1)
+    try:
+        while True:
+            line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+            assert line, "server exited before serving"
+            if match := SERVING.search(line):
+                break
+        yield match[1], match[2], int(match[3])
+    finally:
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 30) == 0
 
 
-async def test_serve_process_with_admin_sessions(
+async def test_serve_process_with_admin_sessions_on_their_own_listener(
     tmp_path: Path, tokenizer_cache: Path, qwen_vocabulary: Vocabulary
 ) -> None:
-    admin = tmp_path / "admin-token"
-    admin.write_text("s3cret-admin\n")
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN + "\n")
     script = [ScriptedReply(text="Hello from the policy.")]
-    async with EngineDouble(VocabularyTokenizer(qwen_vocabulary), script) as double:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "protocol_adapters",
-            "serve",
-            "--engine-url",
-            double.url,
-            "--qwen3-cache",
-            str(tokenizer_cache),
-            "--port",
-            "0",
-            "--admin-token-file",
-            str(admin),
-            stderr=asyncio.subprocess.PIPE,
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with EngineDouble(
+        VocabularyTokenizer(qwen_vocabulary), script, context_length=20480
+    ) as double:
+        command = serve_command(
+            double.url, tokenizer_cache, "--admin-token-file", str(admin_file), "--admin-port", "0"
         )
-        try:
-            url = await _serving_url(process)
-            auth = {"Authorization": "Bearer s3cret-admin"}
-            async with aiohttp.ClientSession() as http:
-                async with http.post(f"{url}/admin/sessions", json={"session_id": "ep-1"}) as r:
+        async with serving(command) as (url, admin_url, context), aiohttp.ClientSession() as http:
+            assert context == 20480  # learned from the engine
+            assert url != admin_url
+            # The agent-facing listener has no session API, whatever the credentials.
+            async with http.post(f"{url}/admin/sessions", json={}, headers=admin) as r:
+                assert r.status == 404
+            async with http.post(f"{admin_url}/admin/sessions", json={"session_id": "ep"}) as r:
+                assert r.status == 401
+            async with http.post(
+                f"{admin_url}/admin/sessions", json={"session_id": "ep-1"}, headers=admin
+            ) as r:
+                token = (await r.json())["token"]
+            async with http.post(
+                f"{admin_url}/admin/sessions", json={"context_tokens": 40960}, headers=admin
+            ) as r:
+                assert r.status == 400  # larger than the engine's context
+                assert "20480" in (await r.json())["error"]["message"]
+            # A session token is no admin credential, not even for its own session.
+            tree_url = f"{admin_url}/admin/sessions/{token}/tree"
+            for guess in (token, "sess-guessed", ADMIN_TOKEN + "x"):
+                async with http.get(tree_url, headers={"Authorization": f"Bearer {guess}"}) as r:
                     assert r.status == 401
-                async with http.post(
-                    f"{url}/admin/sessions", json={"session_id": "ep-1"}, headers=auth
-                ) as r:
-                    token = (await r.json())["token"]
-                api = anthropic.AsyncAnthropic(base_url=url, api_key=token, max_retries=0)
-                reply = await api.messages.create(
-                    model="policy", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
-                )
-                await api.close()
-                assert reply.content[0].text == "Hello from the policy."  # type: ignore[union-attr]
-                async with http.delete(f"{url}/admin/sessions/{token}", headers=auth) as r:
-                    assert r.status == 200
-                    tree = loads(await r.text())
-                async with http.get(f"{url}/admin/sessions/{token}/tree", headers=auth) as r:
-                    assert r.status == 404
-            assert tree.session_id == "ep-1"
-            assert len(tree.turns) == 1
-            assert list(tree.prompt_ids(tree.turns[0])) == list(double.requests[0].input_ids)
-        finally:
-            process.terminate()
-            assert await asyncio.wait_for(process.wait(), 30) == 0
+            api = anthropic.AsyncAnthropic(base_url=url, api_key=token, max_retries=0)
+            reply = await api.messages.create(
+                model="policy", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+            )
+            await api.close()
+            assert reply.content[0].text == "Hello from the policy."  # type: ignore[union-attr]
+            async with http.get(f"{url}/admin/sessions/{token}/tree", headers=admin) as r:
+                assert r.status == 404
+            async with http.delete(f"{admin_url}/admin/sessions/{token}", headers=admin) as r:
+                assert r.status == 200
+                tree = loads(await r.text())
+            async with http.get(f"{admin_url}/admin/sessions/{token}/tree", headers=admin) as r:
+                assert r.status == 404
+            async with http.delete(f"{admin_url}/admin/sessions/{token}", headers=admin) as r:
+                assert r.status == 404  # closing again changes nothing
+    assert tree.session_id == "ep-1"
+    assert len(tree.turns) == 1
+    assert list(tree.prompt_ids(tree.turns[0])) == list(double.requests[0].input_ids)
+
+
+async def test_serve_refuses_a_context_larger_than_the_engines(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    tokenizer = VocabularyTokenizer(qwen_vocabulary)
+    async with EngineDouble(tokenizer, [], context_length=8192) as double:
+        command = serve_command(double.url, tokenizer_cache, "--context-tokens", "16384")
+        process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
+        _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    message = stderr.decode()
+    assert "refusing to start" in message
+    assert "16384" in message
+    assert "8192" in message

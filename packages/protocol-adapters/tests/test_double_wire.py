@@ -223,3 +223,81 @@ async def test_health_model_info_and_connection_records(tokenizer: Any) -> None:
         assert info["is_generation"] is True
         assert info["weight_version"] == "step-7"
         assert double.connection_count == 1  # one keep-alive connection for both calls
+
+
+async def test_server_info_names_the_context_length_as_sglang_does(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [], context_length=4096) as double:
+        async with aiohttp.ClientSession() as session:
+            for path in ("/server_info", "/get_server_info"):
+                async with session.get(f"{double.url}{path}") as response:
+                    info = await response.json()
+                assert info["context_length"] == 4096
+                assert info["max_req_input_len"] == 4095
+                assert info["max_total_num_tokens"] >= 4096
+            double.report_context_length = False  # no --context-length on SGLang's command line
+            async with session.get(f"{double.url}/server_info") as response:
+                info = await response.json()
+        assert info["context_length"] is None
+        assert info["max_req_input_len"] == 4095
+
+
+async def test_prompt_plus_max_new_tokens_must_stay_below_the_context(tokenizer: Any) -> None:
+    """SGLang refuses ``prompt + max_new_tokens >= context`` (not only ``>``)."""
+    async with EngineDouble(tokenizer, [ScriptedReply(text="x")], context_length=8) as double:
+        status, body = await post(f"{double.url}/generate", generate_body(max_new_tokens=5))
+        assert status == 400
+        assert "maximum context length of 8 tokens" in body["error"]["message"]
+        status, _ = await post(f"{double.url}/generate", generate_body(max_new_tokens=4))
+        assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("sampling", "named"),
+    [
+        ({"max_new_tokens": 4, "top_logprobs_num": 2}, "unexpected keyword"),
+        ({"max_new_tokens": 4, "json_schema": {"type": "object"}}, "json_schema"),
+        ({"max_new_tokens": 4, "json_schema": "{not json"}, "json_schema"),
+        ({"max_new_tokens": 4, "json_schema": "{}", "regex": "a+"}, "only one of"),
+    ],
+)
+async def test_sampling_params_sglang_would_refuse(
+    tokenizer: Any, sampling: dict[str, Any], named: str
+) -> None:
+    async with EngineDouble(tokenizer, [ScriptedReply(text="x")]) as double:
+        status, body = await post(
+            f"{double.url}/generate", {**generate_body(), "sampling_params": sampling}
+        )
+    assert status == 400
+    assert named in body["error"]["message"]
+
+
+async def test_json_schema_is_accepted_and_recorded(tokenizer: Any) -> None:
+    schema = json.dumps({"type": "object", "properties": {"title": {"type": "string"}}})
+    async with EngineDouble(tokenizer, [ScriptedReply(text='{"title": "x"}')]) as double:
+        sampling = {"max_new_tokens": 64, "json_schema": schema, "skip_special_tokens": False}
+        status, body = await post(
+            f"{double.url}/generate", {**generate_body(), "sampling_params": sampling}
+        )
+    assert status == 200
+    assert body["text"] == '{"title": "x"}<|im_end|>'
+    assert double.requests[0].sampling_params["json_schema"] == schema
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_top_logprobs_num_gives_alternatives_per_output_token(
+    tokenizer: Any, stream: bool
+) -> None:
+    async with EngineDouble(tokenizer, [TOOL_REPLY], incremental_streaming=True) as double:
+        body = generate_body(top_logprobs_num=3, stream=stream)
+        if stream:
+            events = await post_stream(f"{double.url}/generate", body)
+            chunks = [json.loads(e) for e in events[:-1]]
+        else:
+            chunks = [(await post(f"{double.url}/generate", body))[1]]
+    tokens = [entry for c in chunks for entry in c["meta_info"]["output_token_logprobs"]]
+    tops = [entry for c in chunks for entry in c["meta_info"]["output_top_logprobs"]]
+    assert len(tops) == len(tokens) == len(double.reply_ids(TOOL_REPLY))
+    for (logprob, token_id, _), top in zip(tokens, tops, strict=True):
+        assert len(top) == 3
+        assert top[0][:2] == [logprob, token_id]
+        assert [t[0] for t in top] == sorted((t[0] for t in top), reverse=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from transformers import PreTrainedTokenizerFast
 
 from protocol_adapters.engine import (
@@ -193,6 +194,65 @@ async def test_explicit_abort_reaches_the_engine(double: EngineDouble) -> None:
     async with engine_for(double.url) as engine:
         await engine.abort("some-rid")
     assert double.aborts == ["some-rid"]
+
+
+async def test_structured_output_and_top_logprobs_reach_the_engine(tokenizer: Any) -> None:
+    schema = '{"properties":{"title":{"type":"string"}},"type":"object"}'
+    titled = ScriptedReply(text='{"title": "Fix the parser"}')
+    req = GenerateRequest(
+        (5, 6), SamplingParams(max_new_tokens=64, json_schema=schema), top_logprobs=2
+    )
+    async with (
+        EngineDouble(tokenizer, [titled] * 2, logprob=logprob) as double,
+        engine_for(double.url) as engine,
+    ):
+        result = await engine.generate(req)
+        streamed = await collect(engine, req)
+    sent = double.requests[0]
+    assert sent.sampling_params["json_schema"] == schema
+    assert sent.top_logprobs == 2
+    ids, logprobs = expected(double, titled)
+    for tops in (result.top_logprobs, tuple(t for c in streamed for t in c.top_logprobs)):
+        assert len(tops) == len(ids)
+        assert [top[0] for top in tops] == list(zip(ids, logprobs, strict=True))
+        assert all(len(top) == 2 for top in tops)
+
+
+async def test_context_length_is_read_from_server_info(tokenizer: Any) -> None:
+    async with (
+        EngineDouble(tokenizer, [], context_length=12288) as double,
+        engine_for(double.url) as engine,
+    ):
+        assert await engine.context_length() == 12288
+        double.report_context_length = False  # only max_req_input_len carries it then
+        assert await engine.context_length() == 12288
+
+
+async def test_context_length_from_a_release_before_the_server_info_rename() -> None:
+    """Older SGLang answers only ``/get_server_info``: a 404 on ``/server_info`` is not fatal."""
+
+    async def old_info(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"context_length": None, "max_req_input_len": 2047})
+
+    app = web.Application()
+    app.router.add_get("/get_server_info", old_info)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        async with engine_for(f"http://{host}:{port}") as engine:
+            assert await engine.context_length() == 2048
+    finally:
+        await runner.cleanup()
+
+
+async def test_context_length_of_an_engine_that_is_down_is_overloaded() -> None:
+    async with engine_for(f"http://127.0.0.1:{free_port()}", connect_timeout=1.0) as engine:
+        with pytest.raises(AdapterError) as caught:
+            await engine.context_length()
+    assert caught.value.kind is ErrorKind.OVERLOADED
 
 
 # -- failures --------------------------------------------------------------------------------------

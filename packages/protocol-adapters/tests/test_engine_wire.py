@@ -13,6 +13,7 @@ from protocol_adapters.engine import GenerateRequest, SamplingParams, SGLangConf
 from protocol_adapters.engine.sse import SSEParser
 from protocol_adapters.engine.wire import (
     StreamDecoder,
+    context_length_of,
     engine_message,
     error_for_status,
     parse_result,
@@ -116,6 +117,76 @@ def test_request_body_keeps_every_sampled_token() -> None:
     assert params["stop"] == ["\n\n"]
     assert params["stop_token_ids"] == [7]
     json.dumps(body)  # plain JSON
+
+
+def test_request_body_asks_for_structured_output_and_top_logprobs_only_when_wanted() -> None:
+    plain = request_body(REQ, stream=False)
+    assert "top_logprobs_num" not in plain
+    assert "json_schema" not in plain["sampling_params"]  # type: ignore[operator]
+    schema = '{"type":"object","properties":{"title":{"type":"string"}}}'
+    sampling = SamplingParams(max_new_tokens=9, json_schema=schema)
+    body = request_body(GenerateRequest((4,), sampling, rid="x", top_logprobs=3), stream=False)
+    assert body["top_logprobs_num"] == 3  # a request field, not a sampling parameter
+    params = body["sampling_params"]
+    assert isinstance(params, dict)
+    assert params["json_schema"] == schema
+
+
+def test_top_logprobs_are_read_per_output_token() -> None:
+    req = GenerateRequest((1, 2, 3), SamplingParams(max_new_tokens=8), rid="r", top_logprobs=2)
+    top = [[[-0.5, 10, None], [-1.5, 99, None]], [[-0.25, 11, None], [None, 98, None]]]
+    result = parse_result(answer([10, 11], [-0.5, -0.25], output_top_logprobs=top), req)
+    # -inf (written as null by SGLang's encoder) is no alternative at all
+    assert result.top_logprobs == (((10, -0.5), (99, -1.5)), ((11, -0.25),))
+    assert parse_result(answer([10, 11]), REQ).top_logprobs == ()
+    assert "missing" in engine_error(answer([10, 11]), req)
+    assert "2 output tokens" in engine_error(answer([10, 11], output_top_logprobs=top[:1]), req)
+
+
+@pytest.mark.parametrize("cumulative", [False, True], ids=["incremental", "cumulative"])
+def test_streamed_top_logprobs_follow_the_tokens(cumulative: bool) -> None:
+    req = GenerateRequest((1, 2, 3), SamplingParams(max_new_tokens=8), rid="r", top_logprobs=1)
+    tops = [[[-0.5, 10, None]], [[-0.25, 11, None]], [[-0.125, 12, None]]]
+    ids = [10, 11, 12]
+    decoder = StreamDecoder(req)
+    got: list[tuple[tuple[int, float], ...]] = []
+    for end in (1, 3):
+        start = 0 if cumulative or end == 1 else 1
+        chunk = answer(
+            ids[start:end],
+            [-0.5, -0.25, -0.125][start:end],
+            finish=None if end < 3 else "stop",
+            completion_tokens=end,
+            output_top_logprobs=tops[start:end],
+        )
+        got.extend(decoder.feed(chunk).top_logprobs)
+    assert got == [((10, -0.5),), ((11, -0.25),), ((12, -0.125),)]
+
+
+@pytest.mark.parametrize(
+    ("info", "length"),
+    [
+        (
+            {"context_length": 32768, "max_total_num_tokens": 500000, "max_req_input_len": 32767},
+            32768,
+        ),
+        (
+            {"context_length": None, "max_total_num_tokens": 500000, "max_req_input_len": 40959},
+            40960,
+        ),
+        ({"context_length": 131072, "max_total_num_tokens": 60000}, 60000),  # a small KV pool
+        ({"internal_states": [{"max_req_input_len": 8191}]}, 8192),
+    ],
+)
+def test_context_length_from_server_info(info: dict[str, Any], length: int) -> None:
+    assert context_length_of(info) == length
+
+
+@pytest.mark.parametrize("info", [{"version": "0.5"}, [], {"context_length": "big"}])
+def test_server_info_without_a_context_length_is_an_engine_error(info: Any) -> None:
+    with pytest.raises(AdapterError) as caught:
+        context_length_of(info)
+    assert caught.value.kind is ErrorKind.ENGINE_ERROR
 
 
 # -- whole answers ---------------------------------------------------------------------------------

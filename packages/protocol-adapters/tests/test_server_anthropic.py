@@ -126,41 +126,6 @@ async def test_unknown_token_is_401_in_anthropic_shape(
         assert stack.double.requests == []
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_engine_refusing_a_long_prompt_reads_as_prompt_too_long(
-    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, stream: bool
-) -> None:
-    """The engine's context is smaller than the adapter's limit: its 400 must still be the
-    message that makes Claude Code compact, with a real status even when streaming."""
-    async with local_stack(
-        SCRIPT,
-        tokenizer_cache=tokenizer_cache,
-        vocabulary=qwen_vocabulary,
-        engine_context_length=64,
-    ) as stack:
-        session = stack.server.sessions.open("engine-limit")
-        api = client(stack, session.token)
-        long_task = "please read this long task description " * 20
-        messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": long_task}]
-
-        async def ask() -> None:
-            if stream:
-                async with api.messages.stream(
-                    model="policy", max_tokens=16, messages=messages
-                ) as events:
-                    await events.get_final_message()
-            else:
-                await api.messages.create(model="policy", max_tokens=16, messages=messages)
-
-        with pytest.raises(anthropic.BadRequestError) as err:
-            await ask()
-        await api.close()
-        error = err.value.body["error"]  # type: ignore[index]
-        assert error["type"] == "invalid_request_error"
-        assert error["message"].startswith("prompt is too long: ")
-        assert session.tree.turns == []
-
-
 async def test_trust_check_catches_a_tampered_sample(
     tokenizer_cache: Path, qwen_vocabulary: Vocabulary
 ) -> None:

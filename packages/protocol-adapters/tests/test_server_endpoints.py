@@ -67,7 +67,7 @@ async def test_beta_query_is_accepted_and_count_tokens_is_the_prompt_the_engine_
         assert streamed.usage.input_tokens == counted.input_tokens
         # count_tokens is not a model call: nothing recorded, the turn cap untouched.
         assert len(session.tree.turns) == 3
-        assert session.started == 3
+        assert session.answered == 3
 
 
 async def test_models_and_health_shapes(tokenizer_cache: Path, qwen_vocabulary: Vocabulary) -> None:

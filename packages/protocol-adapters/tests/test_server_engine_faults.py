@@ -10,7 +10,6 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -46,61 +45,73 @@ def closed_port() -> int:
         return port
 
 
-@asynccontextmanager
-async def relay(port: int, target: str) -> AsyncIterator[None]:
-    """A TCP relay from ``port`` to ``target``: the engine coming back at the address the
-    adapter was configured with, as after an engine restart."""
-    upstream = URL(target)
-    writers: set[asyncio.StreamWriter] = set()
+class Relay:
+    """A TCP relay from a fixed local port to the engine double: the engine going away and
+    coming back at the address the adapter was configured with, as across an engine restart."""
 
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
+    def __init__(self) -> None:
+        self.port = closed_port()
+        self._target: URL | None = None
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def config(self, double_url: str) -> SGLangConfig:
+        """The adapter's engine config: the relay's address, forwarding to ``double_url``."""
+        self._target = URL(double_url)
+        return SGLangConfig(base_url=f"http://127.0.0.1:{self.port}", connect_timeout=1.0)
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._connect, "127.0.0.1", self.port)
+
+    async def down(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for writer in self._writers:
             writer.close()
+        await self._server.wait_closed()
+        self._server = None
 
-    async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(upstream.host, upstream.port)
-        writers.update((writer, up_writer))
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._target is not None
+        up_reader, up_writer = await asyncio.open_connection(self._target.host, self._target.port)
+        self._writers.update((writer, up_writer))
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
-    server = await asyncio.start_server(connect, "127.0.0.1", port)
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
-        yield
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
     finally:
-        server.close()
-        for writer in writers:
-            writer.close()
-        await server.wait_closed()
+        writer.close()
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 async def test_engine_down_is_overloaded_and_served_once_it_is_back(
     tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
 ) -> None:
-    port = closed_port()
-    engine_url = f"http://127.0.0.1:{port}"
-    async with checked(
-        tokenizer_cache,
-        qwen_vocabulary,
-        dialect,
-        seed=False,
-        engine_config=lambda _: SGLangConfig(base_url=engine_url, connect_timeout=1.0),
-    ) as check:
-        async with relay(port, check.stack.double.url):
+    relay = Relay()
+    await relay.up()  # the adapter learns the engine's context length when it starts
+    try:
+        async with checked(
+            tokenizer_cache, qwen_vocabulary, dialect, seed=False, engine_config=relay.config
+        ) as check:
             await check.seed()
-        with pytest.raises(sdk_error_types(dialect)) as err:
-            await check.client.post(minimal_body(dialect, "engine is down"))
-        message = assert_sdk_error(dialect, err.value, "overloaded")
-        assert "unreachable" in message
-        assert err.value.response.headers["retry-after"] == "1"
-        assert check.stack.double.aborts == []
-        async with relay(port, check.stack.double.url):
+            await relay.down()
+            with pytest.raises(sdk_error_types(dialect)) as err:
+                await check.client.post(minimal_body(dialect, "engine is down"))
+            message = assert_sdk_error(dialect, err.value, "overloaded")
+            assert "unreachable" in message
+            assert err.value.response.headers["retry-after"] == "1"
+            assert check.stack.double.aborts == []
+            await relay.up()
             await check.after_refusal()
+    finally:
+        await relay.down()
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

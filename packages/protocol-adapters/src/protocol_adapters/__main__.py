@@ -1,11 +1,12 @@
 """``protocol-adapters serve``: the adapter as its own service in front of an SGLang engine.
 
     protocol-adapters serve --engine-url http://gpu-node:30000 --qwen3-cache ~/.cache/qwen3 \\
-        --context-tokens 65536 --admin-token-file /run/secrets/adapter-admin
+        --port 8400 --admin-token-file /run/secrets/adapter-admin --admin-port 8401
 
-Sessions are opened and closed over ``/admin/sessions`` with the admin token (see
-``server/admin.py``). Everything here maps flags onto typed configuration; nothing reads the
-environment.
+Sessions are opened and closed over ``/admin/sessions`` on the admin port, with the admin token
+(see ``server/admin.py``); the agent-facing port has no session API. The context length is the
+engine's unless ``--context-tokens`` sets a smaller one. Everything here maps flags onto typed
+configuration; nothing reads the environment.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from protocol_adapters.engine import SGLangConfig, SGLangEngine
 from protocol_adapters.parsing import ParserConfig, ToolCallFormat
 from protocol_adapters.rendering.renderer import Renderer, RendererConfig
 from protocol_adapters.rendering.template import ChatTemplate, qwen3_template
-from protocol_adapters.server.config import AdapterConfig, RolloutSampling
+from protocol_adapters.server.config import AdapterConfig, AdminConfig, RolloutSampling
 from protocol_adapters.server.ports import reply_parsers
 from protocol_adapters.server.runner import AdapterServer
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.server.sessions import ContextTooLarge, SessionLimits
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from protocol_adapters.types import AdapterError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--tool-format", choices=[f.value for f in ToolCallFormat], default="hermes_json"
     )
-    serve.add_argument("--context-tokens", type=int, default=SessionLimits().context_tokens)
+    serve.add_argument(
+        "--context-tokens",
+        type=int,
+        default=None,
+        help="most tokens per call, prompt and reply (default: the engine's context length)",
+    )
     serve.add_argument("--max-turns", type=int, default=SessionLimits().max_turns)
     serve.add_argument("--max-new-tokens", type=int, default=None)
     serve.add_argument("--temperature", type=float, default=1.0)
@@ -57,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-sampling-wins", action="store_true")
     serve.add_argument("--check-rate", type=float, default=RendererConfig().check_sample_rate)
     serve.add_argument("--model", action="append", default=None, help="name(s) for /v1/models")
-    serve.add_argument("--admin-token-file", type=Path, help="file holding the admin API token")
+    serve.add_argument(
+        "--admin-token-file", type=Path, help="file holding the admin API token (enables it)"
+    )
+    serve.add_argument("--admin-host", default="127.0.0.1", help="the admin API's own address")
+    serve.add_argument("--admin-port", type=int, default=8401, help="the admin API's own port")
     return parser
 
 
@@ -73,7 +84,11 @@ async def _serve(args: argparse.Namespace) -> None:
         else qwen3_template()
     )
     renderer = Renderer(vocabulary, template, RendererConfig(check_sample_rate=args.check_rate))
-    admin = args.admin_token_file.read_text().strip() if args.admin_token_file else None
+    admin = (
+        AdminConfig(args.admin_token_file.read_text().strip(), args.admin_host, args.admin_port)
+        if args.admin_token_file
+        else None
+    )
     config = AdapterConfig(
         host=args.host,
         port=args.port,
@@ -81,7 +96,7 @@ async def _serve(args: argparse.Namespace) -> None:
         sampling=RolloutSampling(args.temperature, args.top_p, max_new_tokens=args.max_new_tokens),
         client_sampling_wins=args.client_sampling_wins,
         limits=SessionLimits(max_turns=args.max_turns, context_tokens=args.context_tokens),
-        admin_token=admin,
+        admin=admin,
     )
     parsers = reply_parsers(ParserConfig(tool_format=ToolCallFormat(args.tool_format)))
     stop = asyncio.Event()
@@ -94,15 +109,28 @@ async def _serve(args: argparse.Namespace) -> None:
         ) as engine,
         AdapterServer(config, engine, renderer, vocabulary, parsers) as server,
     ):
-        admin_note = "admin API on" if admin else "admin API off (no --admin-token-file)"
-        logging.getLogger("protocol_adapters").warning("serving on %s; %s", server.url, admin_note)
+        admin_note = (
+            f"admin API on {server.admin_url}"
+            if server.admin_url
+            else "admin API off (no --admin-token-file)"
+        )
+        logging.getLogger("protocol_adapters").warning(
+            "serving on %s; %s; context %d tokens",
+            server.url,
+            admin_note,
+            server.sessions.resolve_context(config.limits),
+        )
         await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(_serve(args))
+    try:
+        asyncio.run(_serve(args))
+    except (ContextTooLarge, AdapterError) as exc:
+        print(f"protocol-adapters: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import NoReturn
 
@@ -140,3 +141,53 @@ def compact_dumps(value: object) -> str:
 def unknown_keys(obj: JsonObject, known: frozenset[str]) -> str:
     """Comma-joined sorted keys of ``obj`` this dialect does not read (kept for diagnostics)."""
     return ",".join(sorted(key for key in obj if key not in known))
+
+
+# -- text that is not Unicode ------------------------------------------------------------------
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def may_hold_surrogates(raw: bytes) -> bool:
+    """Whether JSON bytes could decode to a string that is not valid Unicode.
+
+    Only a ``\\uD800``-``\\uDFFF`` escape can make a lone surrogate: UTF-8 cannot encode one
+    and Python's decoder refuses the bytes that would. This scan runs at memory speed, so the
+    walk over the parsed value (:func:`invalid_text_at`) is paid only by bodies that need it.
+    """
+    return _SURROGATE_ESCAPE.search(raw) is not None
+
+
+def invalid_text_at(value: object) -> tuple[str, str] | None:
+    """``(path, problem)`` of the first string or key in parsed JSON that is not valid Unicode.
+
+    A lone surrogate cannot be encoded as UTF-8: tokenizing it fails, and so would writing it
+    into a tree file or an HTTP body. Such text is refused at the door instead.
+    """
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return path, problem
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                problem = text_problem(key)
+                if problem is not None:
+                    return path, f"has a key that {problem}"
+                stack.append((child, at(path, key)))
+        elif isinstance(item, list):
+            stack.extend((child, at(path, i)) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def text_problem(text: str) -> str | None:
+    """None for valid Unicode, else what is wrong (the first lone surrogate, by code point)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode (lone surrogate U+{ord(text[exc.start]):04X})"
+    return None

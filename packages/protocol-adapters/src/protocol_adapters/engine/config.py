@@ -20,6 +20,7 @@ class SGLangConfig:
       noticed long before ``request_timeout``).
     - ``abort_timeout``: how long an ``/abort_request`` may take; aborts are best effort and
       never delay an error or a cancellation by more than this.
+    - ``info_timeout``: how long asking the engine for its context length (at start) may take.
     - ``max_connections``: size of the one pooled connection set shared by all calls.
     """
 
@@ -28,6 +29,7 @@ class SGLangConfig:
     request_timeout: float = 900.0
     stream_idle_timeout: float = 120.0
     abort_timeout: float = 2.0
+    info_timeout: float = 10.0
     max_connections: int = 512
     routing_header: str = ROUTING_HEADER
 
@@ -37,7 +39,13 @@ class SGLangConfig:
             raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
         if parts.query or parts.fragment:
             raise ValueError(f"base_url must not carry a query or fragment: {self.base_url!r}")
-        for name in ("connect_timeout", "request_timeout", "stream_idle_timeout", "abort_timeout"):
+        for name in (
+            "connect_timeout",
+            "request_timeout",
+            "stream_idle_timeout",
+            "abort_timeout",
+            "info_timeout",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

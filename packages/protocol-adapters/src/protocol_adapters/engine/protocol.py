@@ -31,3 +31,7 @@ class Engine(Protocol):
     async def abort(self, rid: str) -> None:
         """Ask the engine to stop generation ``rid`` (no error if it already finished)."""
         ...
+
+    async def context_length(self) -> int:
+        """The most tokens (prompt and output together) one generation may hold on this engine."""
+        ...

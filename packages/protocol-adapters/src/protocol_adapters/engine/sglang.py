@@ -34,7 +34,14 @@ from protocol_adapters.types import AdapterError, ErrorKind
 from .config import SGLangConfig
 from .sse import SSEParser
 from .types import GenerateChunk, GenerateRequest, GenerateResult
-from .wire import StreamDecoder, error_for_status, malformed, parse_result, request_body
+from .wire import (
+    StreamDecoder,
+    context_length_of,
+    error_for_status,
+    malformed,
+    parse_result,
+    request_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +218,40 @@ class SGLangEngine:
         if response.status != 200:
             raise error_for_status(response.status, _text(body), rid)
 
+    async def context_length(self) -> int:
+        """The engine's context length, from ``GET /server_info`` (``/get_server_info`` on
+        releases before the rename). Unreachable -> ``OVERLOADED``; no usable answer ->
+        ``ENGINE_ERROR``."""
+        session = self._client()
+        for path in _SERVER_INFO_PATHS:
+            try:
+                async with asyncio.timeout(self.config.info_timeout):
+                    async with session.get(self.config.url(path)) as response:
+                        body = await response.read()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                raise AdapterError(
+                    ErrorKind.OVERLOADED, f"engine at {self.config.base_url} unreachable: {exc}"
+                ) from exc
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise AdapterError(
+                    ErrorKind.ENGINE_ERROR,
+                    f"engine at {self.config.base_url} did not answer {path}: {exc!r}",
+                ) from exc
+            if response.status == 404:
+                continue
+            if response.status != 200:
+                raise error_for_status(response.status, _text(body), path)
+            try:
+                return context_length_of(json.loads(body))
+            except ValueError as exc:
+                raise AdapterError(
+                    ErrorKind.ENGINE_ERROR, f"engine {path} is not JSON: {exc}"
+                ) from None
+        raise AdapterError(
+            ErrorKind.ENGINE_ERROR,
+            f"engine at {self.config.base_url} answers neither of {', '.join(_SERVER_INFO_PATHS)}",
+        )
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _client(self) -> aiohttp.ClientSession:
@@ -333,6 +374,8 @@ class SGLangEngine:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             logger.warning("abort of %s failed: %r", rid, exc)
 
+
+_SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 
 _OFF_LOOP_IDS = 8192
 """Above this many prompt ids, JSON encoding (~10 ms at 128k ids) moves to a worker thread."""

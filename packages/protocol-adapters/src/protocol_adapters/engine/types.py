@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from trajectory_tree import Completion, FinishReason
 
+TopLogprobs = tuple[tuple[int, float], ...]
+"""The most likely tokens at one output position, as ``(token_id, logprob)``, most likely first."""
+
 
 def new_rid() -> str:
     """A fresh request id: one per engine call, so an abort can only ever hit that call."""
@@ -25,7 +28,8 @@ class SamplingParams:
 
     ``top_k = -1`` means no top-k cut (SGLang's convention). ``stop`` strings and
     ``stop_token_ids`` end generation; the stop token itself is always kept in the output so the
-    recorded ids are exactly what was sampled.
+    recorded ids are exactly what was sampled. ``json_schema`` (a JSON schema as JSON text)
+    constrains the reply to JSON matching it: the client asked for structured output.
     """
 
     max_new_tokens: int
@@ -35,6 +39,7 @@ class SamplingParams:
     min_p: float = 0.0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -77,13 +82,15 @@ class GenerateRequest:
     """One generation from prompt token ids.
 
     ``routing_key`` keeps a session on one engine replica (prefix-cache reuse); ``rid`` identifies
-    this call to the engine and is what an abort names.
+    this call to the engine and is what an abort names. ``top_logprobs`` asks the engine for that
+    many most likely tokens at every output position (0: none).
     """
 
     input_ids: tuple[int, ...]
     sampling: SamplingParams
     routing_key: str | None = None
     rid: str = field(default_factory=new_rid)
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -91,6 +98,8 @@ class GenerateRequest:
         _check_token_ids(self.input_ids)
         if not self.rid:
             raise ValueError("rid must not be empty")
+        if isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be a count >= 0, got {self.top_logprobs!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +107,8 @@ class GenerateChunk:
     """A piece of a streamed generation: only the tokens that are new since the previous chunk.
 
     ``completion_tokens`` counts all tokens generated so far. The last chunk carries
-    ``finish_reason``; every earlier chunk has ``None`` there.
+    ``finish_reason``; every earlier chunk has ``None`` there. ``top_logprobs`` has one entry per
+    new token when the request asked for them, else it is empty.
     """
 
     output_ids: tuple[int, ...]
@@ -109,6 +119,7 @@ class GenerateChunk:
     matched_stop: int | str | None = None
     weight_version: str | None = None
     abort_message: str | None = None
+    top_logprobs: tuple[TopLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,7 @@ class GenerateResult:
     ``matched_stop`` is the stop token id or stop string that ended it (``None`` for the model's
     own end-of-sequence token reported without detail, for length and for abort).
     ``abort_message`` is the engine's reason when ``finish_reason`` is ``ABORT``.
+    ``top_logprobs`` has one entry per output token when the request asked for them.
     """
 
     rid: str
@@ -129,6 +141,7 @@ class GenerateResult:
     matched_stop: int | str | None = None
     weight_version: str | None = None
     abort_message: str | None = None
+    top_logprobs: tuple[TopLogprobs, ...] = ()
 
     def to_completion(self) -> Completion:
         return Completion(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from protocol_adapters.types import AdapterError, ErrorKind
 from trajectory_tree import FinishReason
 
-from .types import GenerateChunk, GenerateRequest, GenerateResult
+from .types import GenerateChunk, GenerateRequest, GenerateResult, TopLogprobs
 
 _MAX_MESSAGE_CHARS = 500
 
@@ -27,7 +27,9 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
     The three text switches keep the engine from trimming or rewriting anything: the stop token
     stays in the output (``no_stop_trim``) and special tokens are not dropped from text. Logprobs
     are requested for output tokens only (``logprob_start_len: -1``): prompt logprobs would cost a
-    full pass over a long context.
+    full pass over a long context. ``top_logprobs_num`` (a request field, not a sampling
+    parameter) is sent only when the client asked for the most likely alternatives, and
+    ``json_schema`` only when it asked for structured output.
     """
     s = request.sampling
     sampling: dict[str, object] = {
@@ -44,7 +46,9 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
         sampling["stop"] = list(s.stop)
     if s.stop_token_ids:
         sampling["stop_token_ids"] = list(s.stop_token_ids)
-    return {
+    if s.json_schema is not None:
+        sampling["json_schema"] = s.json_schema
+    body: dict[str, object] = {
         "rid": request.rid,
         "input_ids": list(request.input_ids),
         "sampling_params": sampling,
@@ -52,6 +56,9 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
         "logprob_start_len": -1,
         "stream": stream,
     }
+    if request.top_logprobs:
+        body["top_logprobs_num"] = request.top_logprobs
+    return body
 
 
 def malformed(rid: str, detail: str) -> AdapterError:
@@ -64,6 +71,7 @@ class Step:
 
     ids: tuple[int, ...]
     logprobs: tuple[float, ...]
+    top_logprobs: tuple[TopLogprobs, ...]
     output_ids: tuple[int, ...] | None
     prompt_tokens: int
     completion_tokens: int
@@ -93,6 +101,11 @@ def parse_step(payload: object, request: GenerateRequest) -> Step:
         )
     completion_tokens = _count(meta, "completion_tokens", rid)
     ids, logprobs = _token_logprobs(meta.get("output_token_logprobs"), rid)
+    top = (
+        _top_logprobs(meta.get("output_top_logprobs"), len(ids), rid)
+        if request.top_logprobs
+        else ()
+    )
     finish, matched, abort_message = _finish(meta.get("finish_reason"), rid)
     weight_version = meta.get("weight_version")
     if weight_version is not None and not isinstance(weight_version, str):
@@ -100,6 +113,7 @@ def parse_step(payload: object, request: GenerateRequest) -> Step:
     return Step(
         ids=ids,
         logprobs=logprobs,
+        top_logprobs=top,
         output_ids=_optional_ids(payload.get("output_ids"), rid),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -134,6 +148,7 @@ def parse_result(payload: object, request: GenerateRequest) -> GenerateResult:
         matched_stop=step.matched_stop,
         weight_version=step.weight_version,
         abort_message=step.abort_message,
+        top_logprobs=step.top_logprobs,
     )
 
 
@@ -180,9 +195,10 @@ class StreamDecoder:
             if tuple(self._ids) != step.ids[:seen] or tuple(self._logprobs) != step.logprobs[:seen]:
                 raise malformed(rid, f"{where}: cumulative logprobs rewrite earlier tokens")
             new_ids, new_logprobs = step.ids[seen:], step.logprobs[seen:]
+            new_top = step.top_logprobs[seen:]
             self.cumulative = True
         elif len(step.ids) == total - seen:
-            new_ids, new_logprobs = step.ids, step.logprobs
+            new_ids, new_logprobs, new_top = step.ids, step.logprobs, step.top_logprobs
         else:
             raise malformed(
                 rid,
@@ -203,7 +219,44 @@ class StreamDecoder:
             matched_stop=step.matched_stop,
             weight_version=step.weight_version,
             abort_message=step.abort_message,
+            top_logprobs=new_top,
         )
+
+
+# -- server info ---------------------------------------------------------------------------------
+
+_CONTEXT_BOUNDS = (
+    ("context_length", 0),
+    ("max_req_input_len", 1),
+    ("max_total_num_tokens", 0),
+)
+"""Fields of SGLang's server info that bound one request's length, with what to add to each to
+get a sequence length: ``context_length`` is the ``--context-length`` argument (``null`` unless
+set), ``max_req_input_len`` is ``min(model context, KV pool) - 1``, ``max_total_num_tokens`` is
+the KV pool."""
+
+
+def context_length_of(info: object) -> int:
+    """The longest sequence one request may hold, from a ``/server_info`` answer: the smallest of
+    the bounds it names (top level, else in its first ``internal_states`` entry)."""
+    if not isinstance(info, Mapping):
+        raise AdapterError(ErrorKind.ENGINE_ERROR, "engine server info is not a JSON object")
+    places: list[Mapping[str, object]] = [info]
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], Mapping):
+        places.append(states[0])
+    bounds: list[int] = []
+    for key, extra in _CONTEXT_BOUNDS:
+        value = next((place[key] for place in places if place.get(key) is not None), None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            bounds.append(value + extra)
+    if not bounds:
+        raise AdapterError(
+            ErrorKind.ENGINE_ERROR,
+            "engine server info names no context length "
+            "(none of context_length, max_req_input_len, max_total_num_tokens)",
+        )
+    return min(bounds)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -308,6 +361,41 @@ def _token_logprobs(value: object, rid: str) -> tuple[tuple[int, ...], tuple[flo
         ids.append(token_id)
         logprobs.append(float(logprob))
     return tuple(ids), tuple(logprobs)
+
+
+def _top_logprobs(value: object, count: int, rid: str) -> tuple[TopLogprobs, ...]:
+    """``output_top_logprobs``: per output token, a list of ``[logprob, token_id, text|null]``.
+
+    Alternatives whose logprob is not a finite number (SGLang writes -inf, a token a grammar
+    ruled out, as ``null``) are dropped: they were never candidates.
+    """
+    if value is None and count == 0:
+        return ()
+    if not isinstance(value, list):
+        raise malformed(rid, "meta_info.output_top_logprobs is missing (top_logprobs_num ignored?)")
+    if len(value) != count:
+        raise malformed(
+            rid, f"{len(value)} entries in output_top_logprobs for {count} output tokens"
+        )
+    positions: list[TopLogprobs] = []
+    for i, alternatives in enumerate(value):
+        if not isinstance(alternatives, list):
+            raise malformed(rid, f"output_top_logprobs[{i}] is {alternatives!r}, not a list")
+        row: list[tuple[int, float]] = []
+        for entry in alternatives:
+            if not isinstance(entry, list) or len(entry) < 2:
+                raise malformed(rid, f"output_top_logprobs[{i}] holds {entry!r}")
+            logprob, token_id = entry[0], entry[1]
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+                raise malformed(rid, f"output_top_logprobs[{i}] has token id {token_id!r}")
+            if isinstance(logprob, bool) or not isinstance(logprob, int | float):
+                if logprob is None:
+                    continue
+                raise malformed(rid, f"output_top_logprobs[{i}] has logprob {logprob!r}")
+            if math.isfinite(logprob):
+                row.append((token_id, float(logprob)))
+        positions.append(tuple(row))
+    return tuple(positions)
 
 
 def _optional_ids(value: object, rid: str) -> tuple[int, ...] | None:

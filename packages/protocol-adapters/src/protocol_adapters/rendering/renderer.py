@@ -13,6 +13,9 @@ Check mode re-renders the whole conversation for a sample of turns (``check_samp
 compares the bridged ids with the same region of the full render's ids: everything after the
 previous message, plus the template's closing of the previous assistant turn.
 
+A prompt over the caller's token limit is refused (:class:`PromptTooLong`) as soon as encoding
+passes the limit: a 20 MB request is not tokenized to the end only to be refused.
+
 Thread safety: :meth:`Renderer.render`, :meth:`Renderer.render_full` and
 :meth:`Renderer.count_tokens` are synchronous, CPU-bound and safe to call from several worker
 threads at once (``asyncio.to_thread``). Shared state is limited to caches with idempotent writes
@@ -28,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.tokenizer import TooManyTokens, Vocabulary
 from protocol_adapters.types import AdapterError, ErrorKind
 from trajectory_tree import BridgedPrompt, FullPrompt, LossReason, Prompt, Route, Segment
 
@@ -41,6 +44,15 @@ from .template import ChatTemplate
 FAILED_CHECK = "the chat template failed the bridge check"
 ENDS_ON_REPLY = "the request ends on the model's own reply"
 NOT_AN_APPEND = "the chat template does not render new messages as an append after a {role} message"
+
+
+class PromptTooLong(Exception):
+    """The prompt holds more tokens than the caller allowed: at least ``tokens`` (encoding stopped
+    once the limit was passed, so the true count may be larger)."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"the prompt holds at least {tokens} tokens")
+        self.tokens = tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +111,16 @@ class Renderer:
 
     # -- public entry points -----------------------------------------------------------------------
 
-    def render(self, route: Route) -> RenderedPrompt:
-        """Prompt ids for ``route``: bridged when provable, else a counted full render."""
+    def render(self, route: Route, max_tokens: int | None = None) -> RenderedPrompt:
+        """Prompt ids for ``route``: bridged when provable, else a counted full render.
+
+        Raises :class:`PromptTooLong` once the prompt is known to hold more than ``max_tokens``.
+        """
         prompt = route.prompt
         if not prompt.messages:
             raise AdapterError(ErrorKind.INVALID_REQUEST, "the conversation has no messages")
         if not self._proven:
-            return self.render_full(prompt, FAILED_CHECK)
+            return self.render_full(prompt, FAILED_CHECK, max_tokens)
         context = self._context(prompt)
         turn = route.previous_generated
         previous = route.previous
@@ -114,7 +129,7 @@ class Renderer:
         gen_text = context.generation_prompt()
         if not new:
             if turn is not None:
-                return self.render_full(prompt, ENDS_ON_REPLY)
+                return self.render_full(prompt, ENDS_ON_REPLY, max_tokens)
             return self._bridged(route, BridgedPrompt((), self._generation_ids(context)))
 
         text = context.render_after(role, new, gen=True)
@@ -124,7 +139,7 @@ class Renderer:
             and text.endswith(gen_text)
             and len(text) >= len(base) + len(gen_text)
         ):
-            return self.render_full(prompt, NOT_AN_APPEND.format(role=role))
+            return self.render_full(prompt, NOT_AN_APPEND.format(role=role), max_tokens)
         body = text[len(base) : len(text) - len(gen_text)]
 
         segments: list[Segment] = []
@@ -135,9 +150,12 @@ class Renderer:
             scaffold_ids = self.vocabulary.encode(scaffold)
             if scaffold_ids:
                 segments.append(Segment(LossReason.TEMPLATE_SCAFFOLD, scaffold_ids))
-        message_segments = segment_ids(self.vocabulary, body, label_text(context, role, new, body))
+        generation_ids = self._generation_ids(context)
+        around = route.prefix_length + len(scaffold_ids) + len(generation_ids)
+        ids, offsets = self._encode_within(body, max_tokens, around)
+        message_segments = segment_ids(ids, offsets, label_text(context, role, new, body))
         segments.extend(message_segments)
-        bridged = BridgedPrompt(tuple(segments), self._generation_ids(context))
+        bridged = BridgedPrompt(tuple(segments), generation_ids)
 
         if self._sample_check():
             new_ids = [i for s in message_segments for i in s.ids] + list(bridged.generation_prompt)
@@ -149,8 +167,11 @@ class Renderer:
             return self._bridged(route, bridged, checked=True)
         return self._bridged(route, bridged)
 
-    def render_full(self, prompt: Prompt, reason: str) -> RenderedPrompt:
-        """The whole conversation rendered and encoded; counted under ``reason``."""
+    def render_full(
+        self, prompt: Prompt, reason: str, max_tokens: int | None = None
+    ) -> RenderedPrompt:
+        """The whole conversation rendered and encoded; counted under ``reason``. Raises
+        :class:`PromptTooLong` once the prompt is known to hold more than ``max_tokens``."""
         context = self._context(prompt)
         text = context.render(prompt.messages, add_generation_prompt=True)
         gen_text = context.generation_prompt()
@@ -164,19 +185,32 @@ class Renderer:
                 )
             gen_text = text[len(history) :]
         gen_ids = self.vocabulary.encode(gen_text)
-        ids = self.vocabulary.encode(history) + gen_ids
+        history_ids, _ = self._encode_within(history, max_tokens, len(gen_ids))
+        ids = history_ids + gen_ids
         self._stats.fallback(reason)
         return RenderedPrompt(FullPrompt(ids, len(gen_ids), reason), ids)
 
     def count_tokens(self, prompt: Prompt) -> int:
         """Prompt tokens of ``prompt`` rendered in full with the generation prompt (what
-        ``/v1/messages/count_tokens`` answers)."""
+        ``/v1/messages/count_tokens`` answers), counted exactly in bounded memory."""
         context = self._context(prompt)
-        return len(
-            self.vocabulary.encode(context.render(prompt.messages, add_generation_prompt=True))
-        )
+        return self.vocabulary.count(context.render(prompt.messages, add_generation_prompt=True))
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _encode_within(
+        self, text: str, max_tokens: int | None, around: int
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and offsets of ``text``, whose prompt holds ``around`` more tokens; raises
+        :class:`PromptTooLong` as soon as the whole is known to pass ``max_tokens``."""
+        if max_tokens is None:
+            return self.vocabulary.encode_with_offsets(text)
+        if around > max_tokens:
+            raise PromptTooLong(around)
+        try:
+            return self.vocabulary.encode_with_offsets(text, max_tokens=max_tokens - around)
+        except TooManyTokens as exc:
+            raise PromptTooLong(around + exc.counted) from None
 
     def _bridged(
         self, route: Route, bridged: BridgedPrompt, *, checked: bool = False

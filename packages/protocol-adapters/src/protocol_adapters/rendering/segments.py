@@ -17,7 +17,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import LossReason, Message, Role, Segment
 
 from .conversation import TemplateContext
@@ -100,11 +99,13 @@ def label_text(
 
 
 def segment_ids(
-    vocabulary: Vocabulary, text: str, spans: Sequence[tuple[int, LossReason]]
+    ids: Sequence[int],
+    offsets: Sequence[tuple[int, int]],
+    spans: Sequence[tuple[int, LossReason]],
 ) -> list[Segment]:
-    """Encode ``text`` once and cut its ids where the spans end (a token belongs to the span its
-    first character is in); neighbouring cuts with the same reason are merged."""
-    ids, offsets = vocabulary.encode_with_offsets(text)
+    """Cut the ids of a text (encoded once, with each id's character span) where the spans end
+    (a token belongs to the span its first character is in); neighbouring cuts with the same
+    reason are merged."""
     starts = [begin for begin, _ in offsets]
     segments: list[Segment] = []
     cut = 0

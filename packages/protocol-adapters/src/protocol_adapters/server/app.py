@@ -15,12 +15,17 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from protocol_adapters.dialects import DIALECTS, Dialect
+from protocol_adapters.dialects.json_shape import (
+    fail,
+    invalid_text_at,
+    may_hold_surrogates,
+    text_problem,
+)
 from protocol_adapters.types import AdapterError, ErrorKind, NeutralRequest, Usage
 
-from .admin import CloseSession, admin_routes
 from .config import AdapterConfig
 from .sessions import Session, SessionRegistry
-from .turn import Finished, Started, TurnRunner
+from .turn import READ_HEADERS, Finished, Started, TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,23 @@ def _decode(dialect: Dialect, raw: bytes) -> NeutralRequest:
         raise AdapterError(
             ErrorKind.INVALID_REQUEST, f"request body is not valid JSON: {exc}"
         ) from None
+    if may_hold_surrogates(raw) and (found := invalid_text_at(body)) is not None:
+        fail(*found)
     return dialect.parse_request(body)
+
+
+def read_headers(request: web.Request) -> dict[str, str]:
+    """The request headers that reach the tree, lower-cased; each must be valid UTF-8 (aiohttp
+    hands over other bytes as lone surrogates, which no tree file or HTTP body could hold)."""
+    headers: dict[str, str] = {}
+    for name in READ_HEADERS:
+        value = request.headers.get(name)
+        if value is None:
+            continue
+        if text_problem(value) is not None:
+            raise AdapterError(ErrorKind.INVALID_REQUEST, f"header {name}: not valid UTF-8")
+        headers[name] = value
+    return headers
 
 
 def _session(request: web.Request) -> Session:
@@ -96,9 +117,9 @@ def model_handler(dialect: Dialect) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             session = _session(request)
+            headers = read_headers(request)
             neutral = await read_request(request, dialect)
             runner = request.app[RUNNER_KEY]
-            headers = {k.lower(): v for k, v in request.headers.items()}
             if not neutral.stream:
                 outcome = await runner.run(session, neutral, headers)
                 payload = dialect.response_body(
@@ -227,12 +248,10 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(
-    config: AdapterConfig,
-    runner: TurnRunner,
-    sessions: SessionRegistry,
-    close_session: CloseSession | None = None,
+    config: AdapterConfig, runner: TurnRunner, sessions: SessionRegistry
 ) -> web.Application:
-    """The application; serve it with :class:`AdapterServer` (handler cancellation on)."""
+    """The agent-facing application; serve it with :class:`AdapterServer` (handler cancellation
+    on). It has no session API: ``/admin/...`` is a 404 here (see ``admin.py``)."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[unexpected_errors])
     app[RUNNER_KEY] = runner
     app[SESSIONS_KEY] = sessions
@@ -243,7 +262,5 @@ def create_app(
     app.router.add_post("/v1/responses", model_handler(OPENAI_RESPONSES))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
-    if config.admin_token is not None and close_session is not None:
-        app.router.add_routes(admin_routes(config, sessions, close_session))
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app

@@ -19,6 +19,25 @@ class RolloutSampling:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The session API (``/admin/sessions``) for callers in another process.
+
+    It listens on its own address, never on the agent-facing one: a sandbox reaches only the
+    forwarded agent port, so an agent can neither open nor read nor close sessions. Every call
+    carries ``token`` as a bearer token; session tokens are refused there.
+    """
+
+    token: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port (read it back from the running server's ``admin_url``)."""
+
+    def __post_init__(self) -> None:
+        if not self.token.strip():
+            raise ValueError("the admin token must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterConfig:
     host: str = "127.0.0.1"
     port: int = 0
@@ -30,7 +49,7 @@ class AdapterConfig:
     """Whether a client's temperature/top_p/top_k override the rollout's (recorded either way)."""
     limits: SessionLimits = field(default_factory=SessionLimits)
     max_body_bytes: int = 64 * 1024 * 1024
-    admin_token: str | None = None
-    """Enables the ``/admin/sessions`` API for out-of-process callers, guarded by this token."""
+    admin: AdminConfig | None = None
+    """Enables the session API for out-of-process callers, on its own listener."""
     replay_retries: bool = False
     """Answer a client's identical retry with the recorded reply instead of generating again."""

@@ -26,9 +26,14 @@ class RenderedPrompt(Protocol):
 
 
 class PromptRenderer(Protocol):
-    """Turns a routed request into prompt ids. Thread-safe: the server calls it off the loop."""
+    """Turns a routed request into prompt ids. Thread-safe: the server calls it off the loop.
 
-    def render(self, route: Route) -> RenderedPrompt: ...
+    ``render`` raises :class:`~protocol_adapters.rendering.PromptTooLong` as soon as it knows the
+    prompt holds more than ``max_tokens`` tokens (``None``: no limit), without rendering and
+    tokenizing the rest of a huge request.
+    """
+
+    def render(self, route: Route, max_tokens: int | None = None) -> RenderedPrompt: ...
 
     def count_tokens(self, prompt: Prompt) -> int: ...
 

@@ -5,11 +5,18 @@ hold (off the event loop), refuse prompts over the context limit with the error 
 clients compact, generate from ids, parse the output for the client, and record exactly the ids
 sent and received. A generation cut short by a client disconnect is still recorded (as aborted,
 never trained) so nothing the engine produced disappears without a trace.
+
+A generation the engine itself aborted (SGLang aborts every running request before a weight
+update) is recorded the same way, and the client gets a retryable error in its dialect instead of
+a cut-off answer it would carry on from: its retry is generated whole, against the new weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
@@ -18,6 +25,7 @@ from protocol_adapters.engine.protocol import Engine
 from protocol_adapters.engine.types import GenerateRequest, SamplingParams, new_rid
 from protocol_adapters.parsing.decode import IncrementalDecoder
 from protocol_adapters.parsing.stream import events_of
+from protocol_adapters.rendering import PromptTooLong
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import (
     AdapterError,
@@ -42,8 +50,20 @@ from .config import AdapterConfig, RolloutSampling
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
 
+log = logging.getLogger(__name__)
+
 AGENT_ID_HEADER = "x-claude-code-agent-id"
 """Claude Code marks a sub-agent's requests with this header; the main agent's carry none."""
+RETRY_HEADER = "x-stainless-retry-count"
+"""How many times the client's SDK has retried this request (0 on the first try)."""
+KEPT_HEADERS = ("x-codex-turn-metadata", "x-claude-code-session-id", "session_id")
+"""Headers kept verbatim in each turn's ``meta.extra``."""
+READ_HEADERS = (*KEPT_HEADERS, AGENT_ID_HEADER, RETRY_HEADER)
+"""Every request header that reaches the tree; the server checks they are valid UTF-8."""
+
+_ENGINE_INPUT_TOO_LONG = re.compile(
+    r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +123,8 @@ def choose_sampling(
         "max_new_tokens": str(params.max_new_tokens),
         "sampling_source": "client" if client_wins else "rollout",
     }
+    if client.max_tokens is not None:
+        record["client_max_tokens"] = str(client.max_tokens)
     if client.temperature is not None:
         record["client_temperature"] = repr(client.temperature)
     if client.top_p is not None:
@@ -131,10 +153,38 @@ class TurnRunner:
     async def count_tokens(self, request: NeutralRequest) -> int:
         return await asyncio.to_thread(self._renderer.count_tokens, request.prompt)
 
+    async def run(
+        self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
+    ) -> TurnOutcome:
+        """A whole turn, for non-streaming responses."""
+        session.admit()
+        answered = False
+        try:
+            outcome = await self._run(session, request, headers)
+            answered = outcome.turn is not None
+            return outcome
+        finally:
+            session.settle(answered=answered)
+
+    async def stream(
+        self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
+    ) -> AsyncGenerator[StreamItem, None]:
+        """A turn as it is generated: ``Started``, reply events as they become certain, then
+        ``Finished``. Errors before ``Started`` are raised for a plain error response."""
+        session.admit()
+        answered = False
+        try:
+            async with contextlib.aclosing(self._stream(session, request, headers)) as items:
+                async for item in items:
+                    if isinstance(item, Finished):
+                        answered = item.outcome.turn is not None
+                    yield item
+        finally:
+            session.settle(answered=answered)
+
     async def _prepare(
         self, session: Session, request: NeutralRequest
     ) -> tuple[Route, RenderedPrompt, GenerateRequest, dict[str, str]]:
-        session.admit()
         route = session.tree.route(request.prompt)
         rendered, engine_request, record = await asyncio.to_thread(
             self._build, session, request, route
@@ -145,19 +195,19 @@ class TurnRunner:
         self, session: Session, request: NeutralRequest, route: Route
     ) -> tuple[RenderedPrompt, GenerateRequest, dict[str, str]]:
         """Render and build the engine request: O(context) work, so it runs off the loop."""
-        rendered = self._renderer.render(route)
+        maximum = session.max_prompt_tokens
+        try:
+            rendered = self._renderer.render(route, maximum)
+        except PromptTooLong as exc:
+            raise prompt_too_long(exc.tokens, maximum) from None
         prompt_tokens = len(rendered.ids)
-        limit = session.limits.context_tokens
-        if prompt_tokens >= limit:
-            raise AdapterError(
-                ErrorKind.CONTEXT_LENGTH,
-                f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum",
-            )
+        if prompt_tokens > maximum:  # a renderer that does not stop at the limit
+            raise prompt_too_long(prompt_tokens, maximum)
         params, record = choose_sampling(
             request.sampling,
             self._config.sampling,
             client_wins=self._config.client_sampling_wins,
-            room=limit - prompt_tokens,
+            room=session.room(prompt_tokens),
             stop_token_ids=self._stop_ids,
         )
         engine_request = GenerateRequest(
@@ -192,10 +242,9 @@ class TurnRunner:
         ]
         return done[-1] if done else None
 
-    async def run(
+    async def _run(
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
     ) -> TurnOutcome:
-        """A whole turn, for non-streaming responses."""
         started = time.time()
         route, rendered, engine_request, record = await self._prepare(session, request)
         replay = self._replay(route, headers)
@@ -205,7 +254,7 @@ class TurnRunner:
         try:
             result = await self._engine.generate(engine_request)
         except AdapterError as exc:
-            raise _as_client_error(exc, len(engine_request.input_ids)) from exc
+            raise _as_client_error(exc) from exc
         finally:
             session.in_flight.discard(engine_request.rid)
         parser = self._parsers(request.prompt.tools)
@@ -220,15 +269,17 @@ class TurnRunner:
                 self._record(session, route, rendered, aborted, reply, meta)
             raise
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
+        if result.finish_reason is FinishReason.ABORT:
+            if result.output_ids:
+                self._record(session, route, rendered, result.to_completion(), reply, meta)
+            raise _engine_aborted(session, result.abort_message)
         turn = self._record(session, route, rendered, result.to_completion(), reply, meta)
         usage = Usage(len(engine_request.input_ids), len(result.output_ids))
         return TurnOutcome(reply, usage, stop_reason(result.finish_reason, reply.message), turn)
 
-    async def stream(
+    async def _stream(
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
     ) -> AsyncGenerator[StreamItem, None]:
-        """A turn as it is generated: ``Started``, reply events as they become certain, then
-        ``Finished``. Errors before ``Started`` are raised for a plain error response."""
         started = time.time()
         route, rendered, engine_request, record = await self._prepare(session, request)
         replay = self._replay(route, headers)
@@ -244,12 +295,13 @@ class TurnRunner:
         reply_stream = parser.stream()
         ids: list[int] = []
         logprobs: list[float] = []
-        finish = FinishReason.ABORT
+        finish: FinishReason | None = None
+        abort_message: str | None = None
         weight_version: str | None = None
 
         def keep_aborted() -> None:
-            # Client gone or engine failed before the client had the whole reply: keep what the
-            # engine produced, as an aborted turn that is never trained.
+            # Client gone or engine failed or aborted before the client had the whole reply:
+            # keep what the engine produced, as an aborted turn that is never trained.
             if ids:
                 partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
                 reply = parser.parse_ids(ids, self._vocabulary)
@@ -261,21 +313,24 @@ class TurnRunner:
         announced = False
         try:
             async for chunk in chunks:
-                if not announced:
-                    # Only once the engine answers: an engine that is down, overloaded or refuses
-                    # the prompt gets a real HTTP status, which clients retry or compact on.
-                    announced = True
-                    yield Started(len(engine_request.input_ids))
                 ids.extend(chunk.output_ids)
                 logprobs.extend(chunk.output_logprobs)
                 weight_version = chunk.weight_version or weight_version
-                if chunk.finish_reason is not None:
-                    finish = chunk.finish_reason
+                finish = chunk.finish_reason
+                if finish is FinishReason.ABORT:
+                    abort_message = chunk.abort_message
+                    break
+                if not announced:
+                    # Only once the engine answers: an engine that is down, overloaded, refuses
+                    # the prompt or aborts it at once gets a real HTTP status, which clients
+                    # retry or compact on.
+                    announced = True
+                    yield Started(len(engine_request.input_ids))
                 for event in reply_stream.feed(decoder.feed(chunk.output_ids)):
                     yield event
         except AdapterError as exc:
             keep_aborted()
-            raise _as_client_error(exc, len(engine_request.input_ids)) from exc
+            raise _as_client_error(exc) from exc
         except BaseException:
             keep_aborted()
             raise
@@ -284,7 +339,15 @@ class TurnRunner:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-        if not announced:  # an engine stream that ended without a single chunk
+        if finish is not FinishReason.STOP and finish is not FinishReason.LENGTH:
+            keep_aborted()
+            if finish is FinishReason.ABORT:
+                raise _engine_aborted(session, abort_message)
+            raise AdapterError(
+                ErrorKind.ENGINE_ERROR,
+                f"the engine's stream for {engine_request.rid} ended without a finish reason",
+            )
+        if not announced:
             yield Started(len(engine_request.input_ids))
         try:
             for event in reply_stream.feed(decoder.finish()) + reply_stream.finish():
@@ -300,15 +363,42 @@ class TurnRunner:
         yield Finished(TurnOutcome(reply, usage, stop_reason(finish, reply.message), turn))
 
 
-def _as_client_error(exc: AdapterError, prompt_tokens: int) -> AdapterError:
-    """An engine that refuses the prompt as too long must read, to the client, exactly like our
-    own limit: that message is what makes Claude Code compact instead of giving up."""
-    if exc.kind is not ErrorKind.CONTEXT_LENGTH or exc.message.startswith("prompt is too long"):
-        return exc
+def prompt_too_long(tokens: int, maximum: int) -> AdapterError:
+    """The error that makes Claude Code compact (Codex reads it as ``context_length_exceeded``).
+    ``tokens`` must really exceed ``maximum``: a client that compacts on a false claim loses its
+    history for nothing."""
     return AdapterError(
-        ErrorKind.CONTEXT_LENGTH,
-        f"prompt is too long: {prompt_tokens} tokens > {prompt_tokens - 1} maximum "
-        f"(the engine refused it: {exc.message})",
+        ErrorKind.CONTEXT_LENGTH, f"prompt is too long: {tokens} tokens > {maximum} maximum"
+    )
+
+
+def _engine_aborted(session: Session, message: str | None) -> AdapterError:
+    """An engine-side abort, as the error clients retry (Anthropic 529 ``overloaded_error``,
+    OpenAI 503): the partial reply is recorded as aborted, never shown as a whole answer."""
+    if session.closed:
+        return AdapterError(ErrorKind.AUTHENTICATION, "session is closed")
+    reason = message or "no reason given"
+    return AdapterError(
+        ErrorKind.OVERLOADED,
+        f"the engine aborted this generation ({reason}); retry the request",
+    )
+
+
+def _as_client_error(exc: AdapterError) -> AdapterError:
+    """The engine refusing a request's length means its context is smaller than the session's
+    (the adapter checks prompts against the session's own limit first). Only a prompt the engine
+    itself calls too long becomes "prompt is too long", with the engine's numbers: that message
+    makes Claude Code compact, so it must be true. Anything else is the adapter's fault."""
+    if exc.kind is not ErrorKind.CONTEXT_LENGTH:
+        return exc
+    log.warning("the engine refused a request the adapter's limit let through: %s", exc.message)
+    found = _ENGINE_INPUT_TOO_LONG.search(exc.message)
+    if found is not None:
+        return prompt_too_long(int(found[1]), int(found[2]) - 2)
+    return AdapterError(
+        ErrorKind.ENGINE_ERROR,
+        "the engine's context is smaller than this session's context_tokens "
+        f"(start the adapter against this engine so it learns it): {exc.message}",
     )
 
 
@@ -323,13 +413,13 @@ def _meta(
     extra = dict(record)
     extra["dialect"] = request.dialect
     extra["model"] = request.model
-    for header in ("x-codex-turn-metadata", "x-claude-code-session-id", "session_id"):
+    for header in KEPT_HEADERS:
         if header in headers:
             extra[header] = headers[header]
-    retry = headers.get("x-stainless-retry-count", "0")
+    retry = headers.get(RETRY_HEADER, "0")
     return TurnMeta(
         request_id=rid,
-        retry_count=int(retry) if retry.isdigit() else 0,
+        retry_count=int(retry) if retry.isascii() and retry.isdigit() else 0,
         started_at=started,
         finished_at=time.time(),
         agent_id=headers.get(AGENT_ID_HEADER),

@@ -1,8 +1,9 @@
 """A test and demo double of an SGLang server. It is NOT an inference engine.
 
 It runs no model. It answers SGLang's native ``POST /generate`` (streaming and not),
-``POST /abort_request``, ``GET /health`` and ``GET /get_model_info`` over real HTTP, in the wire
-format written down in ``docs/sglang-wire.md``, with replies taken from a script: each
+``POST /abort_request``, ``GET /health``, ``GET /get_model_info`` and ``GET /server_info`` (and
+its older name ``/get_server_info``) over real HTTP, in the wire format written down in
+``docs/sglang-wire.md``, with replies taken from a script: each
 :class:`ScriptedReply` is written out in Qwen3's output format and encoded with the real
 tokenizer it is given, and every token gets the logprob the test chose. So the ids, counts and
 finish reasons on the wire are exactly what an SGLang engine serving a Qwen3 model would send for
@@ -15,8 +16,15 @@ with SGLang's error body, malformed bodies and dropped connections.
     async with EngineDouble(tokenizer, [ScriptedReply(text="hi")]) as engine:
         ...  # engine.url is http://127.0.0.1:<port>
 
+It refuses what SGLang refuses: a prompt of ``context_length`` tokens or more, a prompt plus
+``max_new_tokens`` of ``context_length`` or more, a sampling parameter SGLang does not have, more
+than one of ``json_schema`` / ``regex`` / ``ebnf``, a ``json_schema`` that is not JSON.
+
 Not simulated: stop strings and ``stop_token_ids`` (only ``max_new_tokens`` cuts a reply),
-sampling itself (temperature etc. are recorded, not applied), batch requests, text prompts.
+sampling itself (temperature etc. are recorded, not applied), the grammar of a ``json_schema``
+(checked and recorded, not enforced: the scripted reply is what comes out), batch requests, text
+prompts. With ``top_logprobs_num`` each position's alternatives are invented: the sampled token
+with its logprob first, then byte tokens with lower logprobs.
 """
 
 from __future__ import annotations
@@ -89,6 +97,7 @@ class ReceivedRequest:
     return_logprob: bool
     headers: Mapping[str, str]
     body: Mapping[str, object]
+    top_logprobs: int = 0
 
 
 @dataclass(slots=True)
@@ -100,7 +109,42 @@ class _Generation:
     prompt_tokens: int
     return_logprob: bool
     skip_special_tokens: bool
+    top_logprobs: int = 0
     started: float = field(default_factory=time.monotonic)
+
+
+SAMPLING_PARAMS = frozenset(
+    (
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "custom_params",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+    )
+)
+"""The keys of SGLang's ``SamplingParams``: anything else in ``sampling_params`` fails there."""
+
+_GRAMMARS = ("json_schema", "regex", "ebnf")
 
 
 class _Refusal(Exception):
@@ -122,6 +166,7 @@ class EngineDouble:
         context_length: int = 32768,
         weight_version: str | None = "default",
         model_path: str = "engine-double/qwen3",
+        report_context_length: bool = True,
     ) -> None:
         if tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
@@ -133,6 +178,9 @@ class EngineDouble:
         self.incremental_streaming = incremental_streaming
         self.tokens_per_chunk = tokens_per_chunk
         self.context_length = context_length
+        self.report_context_length = report_context_length
+        """Whether ``/server_info`` names ``context_length`` (SGLang reports ``null`` there
+        unless ``--context-length`` was given; ``max_req_input_len`` then carries it)."""
         self.weight_version = weight_version
         self.model_path = model_path
         self.requests: list[ReceivedRequest] = []
@@ -164,6 +212,8 @@ class EngineDouble:
         app.router.add_post("/abort_request", self._abort)
         app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/get_server_info", self._server_info)
         # handler_cancellation: a client that goes away cancels its handler, as in SGLang.
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
@@ -215,6 +265,26 @@ class EngineDouble:
                 "tokenizer_path": self.model_path,
                 "is_generation": True,
                 "weight_version": self.weight_version,
+            }
+        )
+
+    async def _server_info(self, request: web.Request) -> web.StreamResponse:
+        """Server arguments and scheduler limits, as SGLang reports them (a small subset).
+
+        The KV pool (``max_total_num_tokens``) is larger than the context here, so the context
+        length is what bounds a request.
+        """
+        self._saw(request)
+        pool = self.context_length * 4
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "context_length": self.context_length if self.report_context_length else None,
+                "max_total_num_tokens": pool,
+                "max_req_input_len": min(self.context_length, pool) - 1,
+                "incremental_streaming_output": self.incremental_streaming,
+                "weight_version": self.weight_version,
+                "version": "engine-double",
             }
         )
 
@@ -282,6 +352,18 @@ class EngineDouble:
         sampling = body.get("sampling_params") or {}
         if not isinstance(sampling, dict):
             raise _Refusal("sampling_params must be an object")
+        unknown = sorted(set(sampling) - SAMPLING_PARAMS)
+        if unknown:
+            raise _Refusal(f"SamplingParams got unexpected keyword arguments: {unknown}")
+        grammars = [name for name in _GRAMMARS if sampling.get(name) is not None]
+        if len(grammars) > 1:
+            raise _Refusal(f"only one of json_schema, regex, ebnf may be set, got {grammars}")
+        schema = sampling.get("json_schema")
+        if schema is not None and not _json_text(schema):
+            raise _Refusal(f"json_schema must be a JSON schema as a string, got {schema!r}")
+        top = body.get("top_logprobs_num", 0)
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+            raise _Refusal(f"top_logprobs_num must be a non-negative int, got {top!r}")
         rid = body.get("rid")
         if rid is None:
             rid = uuid.uuid4().hex
@@ -295,6 +377,7 @@ class EngineDouble:
             return_logprob=bool(body.get("return_logprob", False)),
             headers={k.lower(): v for k, v in request.headers.items()},
             body=dict(body),
+            top_logprobs=top,
         )
 
     def _generation(self, received: ReceivedRequest) -> _Generation:
@@ -306,10 +389,10 @@ class EngineDouble:
             )
         max_new = received.sampling_params.get("max_new_tokens")
         if max_new is None:
-            max_new = self.context_length - prompt
+            max_new = self.context_length - 1 - prompt
         if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
             raise _Refusal(f"max_new_tokens must be a non-negative int, got {max_new!r}")
-        if prompt + max_new > self.context_length:
+        if prompt + max_new >= self.context_length:  # SGLang's own comparison: >=, not >
             raise _Refusal(
                 "Requested token count exceeds the model's maximum context length of "
                 f"{self.context_length} tokens. You requested a total of {prompt + max_new} "
@@ -338,6 +421,7 @@ class EngineDouble:
             prompt_tokens=prompt,
             return_logprob=received.return_logprob,
             skip_special_tokens=bool(skip),
+            top_logprobs=received.top_logprobs,
         )
 
     def _next_reply(self, input_ids: Sequence[int]) -> ScriptedReply:
@@ -432,6 +516,11 @@ class EngineDouble:
                 [gen.logprobs[i], gen.ids[i], None] for i in range(first, count)
             ]
             meta["output_token_logprobs_length"] = count
+            if gen.top_logprobs:
+                meta["output_top_logprobs"] = [
+                    _invented_top(gen.ids[i], gen.logprobs[i], gen.top_logprobs)
+                    for i in range(first, count)
+                ]
         if finish is not None:
             meta["e2e_latency"] = time.monotonic() - gen.started
         return meta
@@ -449,6 +538,28 @@ class EngineDouble:
         peer = request.transport.get_extra_info("peername") if request.transport else None
         if peer is not None:
             self.peers.add((str(peer[0]), int(peer[1])))
+
+
+def _invented_top(token_id: int, logprob: float, k: int) -> list[list[object]]:
+    """The sampled token, then ``k - 1`` byte tokens (ids below 256 exist in every byte-level
+    vocabulary), each less likely than the one before."""
+    top: list[list[object]] = [[logprob, token_id, None]]
+    other = token_id
+    while len(top) < k:
+        other = (other + 1) % 256
+        if other != token_id:
+            top.append([logprob - len(top), other, None])
+    return top
+
+
+def _json_text(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _first_delay(faults: Faults) -> float | None:

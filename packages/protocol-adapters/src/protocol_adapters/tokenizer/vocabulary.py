@@ -8,22 +8,56 @@ Thread safety: a :class:`Vocabulary` is immutable after construction and the Rus
 wraps is safe to share, so one instance may serve any number of worker threads. Encoding goes
 through ``encode_batch``, which releases the GIL while Rust tokenizes (plain ``encode`` holds it:
 measured, a 2k-token encode in a worker thread then stalls the event loop for its whole duration).
+
+Counting (:meth:`Vocabulary.count`) encodes long text in pieces and keeps only their lengths, so a
+20 MB request costs a few MB of memory, and it can stop as soon as a limit is passed. The pieces
+are cut only where the pre-tokenizer always splits, so their counts add up to the count of the
+whole text exactly (see :data:`PIECE_CUTS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import json
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
+from .byte_level import QWEN_SPLIT_PATTERN
 from .special_tokens import END_OF_TEXT, END_OF_TURN
+
+PIECE_CUTS = re.compile(r"(?<=\n)(?=[!-~\w])|(?<=[!-~\w])(?=[ 0-9])")
+"""Where Qwen's pre-tokenizer regex (:data:`QWEN_SPLIT_PATTERN`) always ends a pre-token: after a
+newline and before a character that is not whitespace (``\\s*[\\r\\n]+`` and the punctuation
+rule both end at the last newline), and after a character that is not whitespace, before a space
+or an ASCII digit (no rule continues a pre-token into a space or a digit; digits stand alone).
+Matching from a cut onward never looks back, and NFC never composes across these characters, so
+text cut here pre-tokenizes, and therefore encodes, exactly as the whole text does. The
+characters are ASCII or word characters, where Python's and Unicode's ideas of whitespace agree.
+"""
+
+PIECE_CHARS = 32_768
+"""Target size of one counted piece (a piece runs to the first cut after it)."""
+
+PIECES_PER_BATCH = 8
+"""Pieces encoded together: Rust spreads them over the cores, memory stays a few MB."""
+
+
+class TooManyTokens(ValueError):
+    """Text encodes to more tokens than allowed. ``counted`` is more than the limit and at most
+    the true count: encoding stopped once the limit was passed."""
+
+    def __init__(self, counted: int) -> None:
+        super().__init__(f"at least {counted} tokens")
+        self.counted = counted
 
 
 class Vocabulary:
     """Encode/decode plus the ids that end a turn."""
 
-    __slots__ = ("_added_ids", "_stop_ids", "name", "tokenizer")
+    __slots__ = ("_added_ids", "_piecewise", "_stop_ids", "name", "tokenizer")
 
     def __init__(
         self,
@@ -35,6 +69,7 @@ class Vocabulary:
         self.name = name
         self._added_ids = frozenset(tokenizer.get_added_tokens_decoder())
         self._stop_ids = frozenset(self.token_id(t) for t in stop_tokens)
+        self._piecewise = _splits_like_qwen(tokenizer)
 
     @classmethod
     def from_file(cls, path: Path, name: str | None = None) -> Vocabulary:
@@ -50,14 +85,51 @@ class Vocabulary:
         """Ids that end an assistant turn (``<|im_end|>``, ``<|endoftext|>``)."""
         return self._stop_ids
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token text becomes its single id, nothing is added."""
-        return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+    def encode(self, text: str, *, max_tokens: int | None = None) -> list[int]:
+        """Token ids of ``text``; special-token text becomes its single id, nothing is added.
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and the character span of ``text`` each id came from."""
-        (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=False)
-        return list(encoding.ids), list(encoding.offsets)
+        Raises :class:`TooManyTokens` as soon as more than ``max_tokens`` ids are known.
+        """
+        ids: list[int] = []
+        for _, encoding in self._encoded(text, max_tokens):
+            ids.extend(encoding.ids)
+        return ids
+
+    def encode_with_offsets(
+        self, text: str, *, max_tokens: int | None = None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and the character span of ``text`` each id came from (see :meth:`encode`)."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for start, encoding in self._encoded(text, max_tokens):
+            ids.extend(encoding.ids)
+            if start:
+                offsets.extend((begin + start, end + start) for begin, end in encoding.offsets)
+            else:
+                offsets.extend(encoding.offsets)
+        return ids, offsets
+
+    def count(self, text: str) -> int:
+        """The number of tokens ``text`` encodes to, holding only one batch of pieces at a time."""
+        return sum(len(encoding) for _, encoding in self._encoded(text, None))
+
+    def _encoded(self, text: str, max_tokens: int | None) -> Iterator[tuple[int, Encoding]]:
+        """``(start, encoding)`` of each piece of ``text``, a batch at a time; raises
+        :class:`TooManyTokens` after the batch that passes ``max_tokens``. A vocabulary whose
+        pre-tokenizer is not Qwen's is encoded in one piece (exact, but not bounded)."""
+        if not self._piecewise or len(text) <= PIECE_CHARS:
+            pieces: Iterator[tuple[int, str]] = iter(((0, text),))
+        else:
+            pieces = _pieces(text)
+        total = 0
+        while batch := list(itertools.islice(pieces, PIECES_PER_BATCH)):
+            encodings = self.tokenizer.encode_batch(
+                [piece for _, piece in batch], add_special_tokens=False
+            )
+            total += sum(len(encoding) for encoding in encodings)
+            if max_tokens is not None and total > max_tokens:
+                raise TooManyTokens(total)
+            yield from zip((start for start, _ in batch), encodings, strict=True)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with every special token spelled out (nothing skipped)."""
@@ -76,3 +148,34 @@ class Vocabulary:
 
     def __repr__(self) -> str:
         return f"Vocabulary({self.name!r}, size={self.size})"
+
+
+def _splits_like_qwen(tokenizer: Tokenizer) -> bool:
+    """Whether :data:`PIECE_CUTS` is sound for ``tokenizer``: NFC (or no normalizer), Qwen's split
+    regex then byte-level mapping, and no added token containing a space or a newline."""
+    normalizer = tokenizer.normalizer
+    if normalizer is not None and json.loads(normalizer.__getstate__()) != {"type": "NFC"}:
+        return False
+    pre_tokenizer = tokenizer.pre_tokenizer
+    if pre_tokenizer is None:
+        return False
+    steps = json.loads(pre_tokenizer.__getstate__()).get("pretokenizers", [])
+    if [step.get("type") for step in steps] != ["Split", "ByteLevel"]:
+        return False
+    if steps[0].get("pattern") != {"Regex": QWEN_SPLIT_PATTERN} or steps[1].get("use_regex"):
+        return False
+    return not any(
+        " " in token.content or "\n" in token.content
+        for token in tokenizer.get_added_tokens_decoder().values()
+    )
+
+
+def _pieces(text: str) -> Iterator[tuple[int, str]]:
+    """``(start, piece)``: ``text`` in pieces of at least :data:`PIECE_CHARS` characters (the
+    last may be shorter), each ending at a cut of :data:`PIECE_CUTS`."""
+    start = 0
+    while start < len(text):
+        cut = PIECE_CUTS.search(text, start + PIECE_CHARS)
+        end = cut.start() if cut is not None else len(text)
+        yield start, text[start:end]
+        start = end
