@@ -1,0 +1,140 @@
+"""A node runs for weeks: closing sandboxes must leave no process, zombie or log noise behind.
+
+The leak test makes this test process a child subreaper, so any process a sandbox lets go of
+(an orphan the kernel would otherwise hand to the host's pid 1) comes back to us, where we can
+count it: alive or zombie, it is a leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.local import LocalBackend
+from sandbox.protocol import Sandbox
+from sandbox.spec import ForwardedEndpoint, SandboxSpec
+
+from .host_processes import unique_sleep, wait_for_process
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def our_children() -> dict[int, str]:
+    """pid -> state of every process whose parent is this test process."""
+    me = str(os.getpid())
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:
+            children[int(entry.name)] = fields[0]
+    return children
+
+
+@contextlib.contextmanager
+def child_subreaper() -> Iterator[None]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        for pid in our_children():  # never leave our own leaks to the next test
+            with contextlib.suppress(ChildProcessError, ProcessLookupError):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+
+
+@pytest.fixture
+async def stalling_server() -> AsyncIterator[int]:
+    """A host service that reads a request and never answers: clients stay mid-request."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read(1)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    async with server:
+        yield server.sockets[0].getsockname()[1]
+        for writer in held:
+            writer.close()
+
+
+async def busy_sandbox(backend: LocalBackend, port: int, index: int) -> Sandbox:
+    """A sandbox in one of the states a real episode can be in when it is closed."""
+    spec = SandboxSpec(network=ForwardedEndpoint("127.0.0.1", port, 8080))
+    box = await backend.create(spec)
+    kind = index % 4
+    if kind == 0:  # a client mid-request through the forwarded port
+        marker = unique_sleep()
+        await box.start(
+            f"exec 3<>/dev/tcp/127.0.0.1/8080; printf 'GET / HTTP/1.1\\r\\n\\r\\n' >&3; "
+            f"cat <&3; sleep {marker}"
+        )
+        await wait_for_process(marker)
+    elif kind == 1:  # daemons that left the command's session and process group
+        await box.exec(
+            "setsid sleep 1000 </dev/null >/dev/null 2>&1 & "
+            "(setsid bash -c '(sleep 1000 &) &' &); nohup sleep 1000 >/dev/null 2>&1 &"
+        )
+    elif kind == 2:  # an agent-like detached process tree
+        await box.start("bash -c 'sleep 1000 & sleep 1000 & wait'")
+    return box
+
+
+async def test_closing_busy_sandboxes_leaves_no_process_or_zombie(
+    backend: LocalBackend, stalling_server: int
+) -> None:
+    await backend.enforcement()  # the one-off probe sandbox is not part of the count
+    before = our_children()
+    with child_subreaper():
+        boxes = await asyncio.gather(
+            *(busy_sandbox(backend, stalling_server, index) for index in range(32))
+        )
+        # One more closed while an exec is still running in it.
+        running = await backend.create(SandboxSpec())
+        pending = asyncio.create_task(running.exec("sleep 1000"))
+        await asyncio.sleep(0.2)
+        await asyncio.gather(*(box.close() for box in [*boxes, running]))
+        with contextlib.suppress(Exception):
+            await pending
+        await asyncio.sleep(0.5)  # let anything that was going to be orphaned arrive
+        left = {pid: state for pid, state in our_children().items() if pid not in before}
+    assert left == {}
+
+
+async def test_closing_with_relayed_connections_open_is_quiet_and_quick(
+    backend: LocalBackend, stalling_server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = SandboxSpec(network=ForwardedEndpoint("127.0.0.1", stalling_server, 8080))
+    with caplog.at_level(logging.DEBUG, logger="asyncio"):
+        boxes = [await backend.create(spec) for _ in range(4)]
+        for box in boxes:
+            for _ in range(3):
+                await box.start(
+                    "exec 3<>/dev/tcp/127.0.0.1/8080; printf 'POST / HTTP/1.1\\r\\n' >&3; cat <&3"
+                )
+        await asyncio.sleep(0.3)  # every connection is relayed and waiting by now
+        started = time.monotonic()
+        await asyncio.gather(*(box.close() for box in boxes))
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(0.1)
+        gc.collect()  # a task destroyed while pending is reported when it is collected
+        await asyncio.sleep(0)
+    assert elapsed < 1.0
+    noise = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert noise == []
