@@ -9,10 +9,10 @@ recording endpoint (which answers with a final message, so every run ends cleanl
 
 - host: the CLI's argv spawned directly on the host (same env and config files as the harness
   writes, no shell): the CLI's own startup, the floor;
-- sandbox: `Harness.run()` on an already created local sandbox (bubblewrap when it works here;
-  a fresh one per run, as one episode gets one):
-  config written into the sandbox, `bash -lc`, nsenter into the namespaces, the read-only bind
-  of the install, and the request relayed through the forwarded port (socat + Unix socket).
+- sandbox: `Harness.run()` on an already created local sandbox (a fresh one per run, as one
+  episode gets one): config written into the sandbox, `bash -lc` started by the sandbox's init,
+  the read-only bind of the install, and the request relayed through the forwarded port (a
+  listening socket inside the sandbox, relayed by the host).
 
 Overhead = sandbox median - host median. Sandbox creation (once per episode, not part of the
 launch) is shown separately. Median of `--runs` runs after one warm-up run of each. Per-run state
