@@ -265,3 +265,134 @@ async def test_a_refused_first_request_leaves_a_fresh_session_empty(
         assert shape(check.session) == (0, 0, 0)
         await check.seed()
         assert shape(check.session)[1] == 1
+
+
+def _anthropic_results(call_id: str, answered: str) -> dict[str, Any]:
+    return {
+        "model": "policy",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": "list"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": call_id, "name": "Bash", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": answered, "content": "a.py"}],
+            },
+        ],
+    }
+
+
+def _chat_results(call_id: str, answered: str) -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+    return {
+        "model": "policy",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": "list"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": answered, "content": "a.py"},
+        ],
+    }
+
+
+def _responses_results(call_id: str, answered: str) -> dict[str, Any]:
+    return {
+        "model": "policy",
+        "max_output_tokens": 64,
+        "input": [
+            {"role": "user", "content": "list"},
+            {"type": "function_call", "call_id": call_id, "name": "Bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": answered, "output": "a.py"},
+        ],
+    }
+
+
+# What the providers answer, verbatim (OpenAI's "preceeding" included), and the param they name.
+ORPHAN_RESULTS: dict[Dialect, tuple[Callable[[str, str], dict[str, Any]], str, str | None]] = {
+    "anthropic": (
+        _anthropic_results,
+        "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: "
+        "toolu_ghost. Each `tool_result` block must have a corresponding `tool_use` block in the "
+        "previous message.",
+        None,
+    ),
+    "openai_chat": (
+        _chat_results,
+        "Invalid parameter: 'tool_call_id' of 'toolu_ghost' not found in 'tool_calls' of previous "
+        "message.",
+        "messages.[2].tool_call_id",
+    ),
+    "openai_responses": (
+        _responses_results,
+        "No tool call found for function call output with call_id toolu_ghost.",
+        "input",
+    ),
+}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_result_for_a_tool_call_that_does_not_exist_is_refused(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    """The real APIs refuse it with a 400; accepting it would train a made-up result as
+    context. The matching request is answered, so the check is the id and nothing else."""
+    build, message, param = ORPHAN_RESULTS[dialect]
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
+        answer = await raw_request(
+            check.stack,
+            PATHS[dialect],
+            json.dumps(build("toolu_real", "toolu_ghost")).encode(),
+            token=check.token,
+        )
+        assert assert_error_body(dialect, answer.status, answer.body, "invalid") == message
+        if dialect != "anthropic":
+            assert answer.body["error"]["param"] == param
+        await check.after_refusal()
+        assert await check.client.post(build("toolu_real", "toolu_real")) == "ok"
+
+
+async def test_an_anthropic_result_must_answer_the_previous_assistant_message(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """A call from an earlier turn is not answerable later; system entries in between are."""
+    body = _anthropic_results("toolu_1", "toolu_1")
+    late = [
+        *body["messages"],
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1"}]},
+    ]
+    noted = [*body["messages"][:2], {"role": "system", "content": "note"}, body["messages"][2]]
+    async with checked(tokenizer_cache, qwen_vocabulary, "anthropic") as check:
+        answer = await raw_request(
+            check.stack,
+            PATHS["anthropic"],
+            json.dumps({**body, "messages": late}).encode(),
+            token=check.token,
+        )
+        message = assert_error_body("anthropic", answer.status, answer.body, "invalid")
+        assert message.startswith("messages.4.content.0: unexpected `tool_use_id`")
+        assert await check.client.post({**body, "messages": noted}) == "ok"
+
+
+async def test_a_chat_tool_message_must_follow_tool_calls(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    body = _chat_results("call_1", "call_1")
+    stray = [body["messages"][0], body["messages"][2]]
+    async with checked(tokenizer_cache, qwen_vocabulary, "openai_chat") as check:
+        answer = await raw_request(
+            check.stack,
+            PATHS["openai_chat"],
+            json.dumps({**body, "messages": stray}).encode(),
+            token=check.token,
+        )
+        message = assert_error_body("openai_chat", answer.status, answer.body, "invalid")
+        assert message == (
+            "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+            "message with 'tool_calls'."
+        )
+        assert answer.body["error"]["param"] == "messages.[1].role"
+        await check.after_refusal()

@@ -110,9 +110,11 @@ class ErrorKind(StrEnum):
 
 
 class AdapterError(Exception):
-    """An error to answer in the client's dialect; ``kind`` picks status and shape."""
+    """An error to answer in the client's dialect; ``kind`` picks status and shape. ``param``
+    names the offending request field where the dialect's error shape has a place for it."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.param = param

@@ -53,7 +53,7 @@ class Dialect:
         [NeutralRequest, ParsedReply, Usage, StopReason, str], dict[str, object]
     ]
     stream_encoder: Callable[[NeutralRequest, str], StreamEncoder]
-    error_response: Callable[[ErrorKind, str], tuple[int, dict[str, object]]]
+    error_response: Callable[[ErrorKind, str, str | None], tuple[int, dict[str, object]]]
     new_response_id: Callable[[], str]
 
 

@@ -11,6 +11,9 @@ Decisions a reader should know:
 - A user message's ``tool_result`` blocks become one neutral ``tool`` message each, in the
   order given, followed by one ``user`` message with the remaining blocks (the API requires
   tool results first, so nothing is reordered in practice).
+- A ``tool_result`` must answer a ``tool_use`` of the assistant message before it (``system``
+  entries in between are allowed), or the request is refused with the API's own 400: a result
+  for a call that never happened would be trained as context.
 - ``tool_use.input`` becomes canonical JSON text (sorted keys, compact, UTF-8 kept).
 - Tool arguments the model produced that are not a JSON object cannot be an ``input`` dict; they
   go out as ``{"__raw_arguments__": "<text>"}`` and that exact shape is read back to the raw text,
@@ -105,8 +108,14 @@ def parse_request(body: object) -> NeutralRequest:
     raw_messages = expect_list(require(root, "messages", ""), "messages")
     if not raw_messages:
         fail("messages", "must contain at least one message")
+    calls: frozenset[str] = frozenset()  # tool_use ids of the previous assistant message
     for i, raw in enumerate(raw_messages):
-        messages.extend(_message(raw, at("messages", i)))
+        parsed = _message(raw, at("messages", i), calls)
+        messages.extend(parsed)
+        if parsed[0].role == "assistant":
+            calls = frozenset(call.id for call in parsed[0].tool_calls)
+        elif parsed[0].role != "system":
+            calls = frozenset()
 
     tools = _tools(root.get("tools"), metadata)
     _tool_choice(root.get("tool_choice"), metadata)
@@ -141,13 +150,13 @@ def parse_request(body: object) -> NeutralRequest:
     )
 
 
-def _message(raw: object, path: str) -> list[Message]:
+def _message(raw: object, path: str, calls: frozenset[str]) -> list[Message]:
     obj = expect_object(raw, path)
     role = required_str(obj, "role", path)
     content = require(obj, "content", path)
     content_path = at(path, "content")
     if role == "user":
-        return _user_messages(content, content_path)
+        return _user_messages(content, content_path, calls)
     if role == "assistant":
         return [Message("assistant", _assistant_blocks(content, content_path))]
     if role == "system":
@@ -176,12 +185,20 @@ def _text_blocks(content: object, path: str) -> tuple[Block, ...]:
     return tuple(blocks)
 
 
-def _user_messages(content: object, path: str) -> list[Message]:
+def _user_messages(content: object, path: str, calls: frozenset[str]) -> list[Message]:
     results: list[Message] = []
     rest: list[Block] = []
     for kind, block, block_path in _blocks(content, path):
         if kind == "tool_result":
-            results.append(_tool_result(block, block_path))
+            result = _tool_result(block, block_path)
+            if result.tool_call_id not in calls:
+                fail(
+                    block_path,
+                    f"unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{result.tool_call_id}. Each `tool_result` block must have a corresponding "
+                    "`tool_use` block in the previous message.",
+                )
+            results.append(result)
         elif kind == "text":
             rest.append(Text(required_str(block, "text", block_path)))
         elif kind in ("image", "document"):
@@ -486,8 +503,12 @@ _ERRORS: dict[ErrorKind, tuple[int, str]] = {
 }
 
 
-def error_response(kind: ErrorKind, message: str) -> tuple[int, dict[str, object]]:
+def error_response(
+    kind: ErrorKind, message: str, param: str | None = None
+) -> tuple[int, dict[str, object]]:
     """HTTP status and body. A context-length error is the 400 that makes Claude Code compact:
-    pass a message like ``prompt is too long: N tokens > M maximum``."""
+    pass a message like ``prompt is too long: N tokens > M maximum``. (Anthropic's shape has no
+    ``param``: its messages start with the field's path instead.)"""
+    del param
     status, error_type = _ERRORS[kind]
     return status, {"type": "error", "error": {"type": error_type, "message": message}}

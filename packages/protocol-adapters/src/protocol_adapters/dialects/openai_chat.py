@@ -12,6 +12,10 @@ Decisions a reader should know:
 - Tools other than ``type: "function"`` are not offered to the model; their types are listed in
   ``metadata["ignored_tools"]``.
 - ``n`` other than 1, ``audio`` output and legacy ``function_call`` are rejected.
+- A ``tool`` message must follow an assistant message with ``tool_calls`` (or another tool
+  message answering it) and name one of its call ids, or the request is refused with the API's
+  own 400 (wording, misspelling included, and ``param``): a result for a call that never
+  happened would be trained as context.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import secrets
 import time
 
 from protocol_adapters.types import (
+    AdapterError,
     ClientSampling,
     ErrorKind,
     NeutralRequest,
@@ -97,6 +102,7 @@ def parse_request(body: object) -> NeutralRequest:
     if not raw_messages:
         fail("messages", "must contain at least one message")
     messages = [_message(raw, at("messages", i)) for i, raw in enumerate(raw_messages)]
+    _check_tool_messages(messages)
     for key in ("function_call", "functions", "audio"):
         if root.get(key) is not None:
             fail(key, "not supported; use tools / text output")
@@ -140,6 +146,30 @@ def parse_request(body: object) -> NeutralRequest:
         stream=optional_bool(root, "stream", "") or False,
         metadata=metadata,
     )
+
+
+def _check_tool_messages(messages: list[Message]) -> None:
+    calls: frozenset[str] | None = None  # what a tool message here may answer (None: nothing)
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if calls is None:
+                raise AdapterError(
+                    ErrorKind.INVALID_REQUEST,
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    param=f"messages.[{i}].role",
+                )
+            if message.tool_call_id not in calls:
+                raise AdapterError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"Invalid parameter: 'tool_call_id' of '{message.tool_call_id}' not found in "
+                    "'tool_calls' of previous message.",
+                    param=f"messages.[{i}].tool_call_id",
+                )
+        elif message.role == "assistant" and message.tool_calls:
+            calls = frozenset(call.id for call in message.tool_calls)
+        else:
+            calls = None
 
 
 def _stop(raw: object) -> tuple[str, ...]:
@@ -372,6 +402,8 @@ class StreamEncoder:
         return chunk
 
 
-def error_response(kind: ErrorKind, message: str) -> tuple[int, dict[str, object]]:
+def error_response(
+    kind: ErrorKind, message: str, param: str | None = None
+) -> tuple[int, dict[str, object]]:
     """HTTP status and OpenAI error body; context length carries ``context_length_exceeded``."""
-    return openai_error(kind, message, "messages")
+    return openai_error(kind, message, param, context_param="messages")

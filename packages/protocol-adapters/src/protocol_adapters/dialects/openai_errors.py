@@ -23,11 +23,14 @@ _ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
 }
 
 
-def openai_error(kind: ErrorKind, message: str, param: str | None) -> tuple[int, dict[str, object]]:
-    """HTTP status and ``{"error": ...}`` body; ``param`` names the offending request field."""
+def openai_error(
+    kind: ErrorKind, message: str, param: str | None, *, context_param: str
+) -> tuple[int, dict[str, object]]:
+    """HTTP status and ``{"error": ...}`` body; ``param`` names the offending request field
+    (a context-length error always names ``context_param``, where the prompt is)."""
     status, error_type, code = _ERRORS[kind]
-    if kind is not ErrorKind.CONTEXT_LENGTH:
-        param = None
+    if kind is ErrorKind.CONTEXT_LENGTH:
+        param = context_param
     error = {"message": message, "type": error_type, "param": param, "code": code}
     return status, {"error": error}
 

@@ -20,6 +20,9 @@ Decisions a reader should know:
   to the model; their types are listed in ``metadata["ignored_tools"]``. Input items of those
   kinds cannot occur (we never produce them) and are rejected.
 - ``previous_response_id`` is rejected: nothing is stored; send the full input (``store: false``).
+- A ``function_call_output`` must answer a ``function_call`` earlier in the input, or the request
+  is refused with the API's own 400: a result for a call that never happened would be trained
+  as context.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import secrets
 import time
 
 from protocol_adapters.types import (
+    AdapterError,
     ClientSampling,
     ErrorKind,
     NeutralRequest,
@@ -164,6 +168,7 @@ def _items(items: list[object]) -> list[Message]:
     """Input items to messages, grouping each model turn's items into one assistant message."""
     messages: list[Message] = []
     turn: list[Block] = []
+    called: set[str] = set()
     for i, raw in enumerate(items):
         path = at("input", i)
         item = expect_object(raw, path)
@@ -172,14 +177,24 @@ def _items(items: list[object]) -> list[Message]:
         if kind == "reasoning":
             turn.append(_reasoning(item, path))
         elif kind == "function_call":
-            turn.append(_function_call(item, path))
+            call = _function_call(item, path)
+            called.add(call.id)
+            turn.append(call)
         elif kind == "message" and role == "assistant":
             turn.extend(_content(require(item, "content", path), at(path, "content"), False))
         else:
             if turn:
                 messages.append(Message("assistant", tuple(turn)))
                 turn = []
-            messages.append(_other_item(item, kind, path))
+            message = _other_item(item, kind, path)
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise AdapterError(
+                    ErrorKind.INVALID_REQUEST,
+                    "No tool call found for function call output with call_id "
+                    f"{message.tool_call_id}.",
+                    param="input",
+                )
+            messages.append(message)
     if turn:
         messages.append(Message("assistant", tuple(turn)))
     return messages
@@ -614,6 +629,8 @@ class StreamEncoder:
         )
 
 
-def error_response(kind: ErrorKind, message: str) -> tuple[int, dict[str, object]]:
+def error_response(
+    kind: ErrorKind, message: str, param: str | None = None
+) -> tuple[int, dict[str, object]]:
     """HTTP status and OpenAI error body; context length carries ``context_length_exceeded``."""
-    return openai_error(kind, message, "input")
+    return openai_error(kind, message, param, context_param="input")

@@ -51,8 +51,10 @@ def session_token(request: web.Request) -> str | None:
     return None
 
 
-def error_json(dialect: Dialect, kind: ErrorKind, message: str) -> web.Response:
-    status, body = dialect.error_response(kind, message)
+def error_json(
+    dialect: Dialect, kind: ErrorKind, message: str, param: str | None = None
+) -> web.Response:
+    status, body = dialect.error_response(kind, message, param)
     headers = {"Retry-After": "1"} if kind in (ErrorKind.RATE_LIMITED, ErrorKind.OVERLOADED) else {}
     return web.json_response(body, status=status, headers=headers)
 
@@ -128,7 +130,7 @@ def model_handler(dialect: Dialect) -> Handler:
                 return web.json_response(payload)
             return await _stream(request, dialect, runner, session, neutral, headers)
         except AdapterError as exc:
-            return error_json(dialect, exc.kind, exc.message)
+            return error_json(dialect, exc.kind, exc.message, exc.param)
 
     return handle
 
@@ -164,7 +166,7 @@ async def _stream(
                     await response.write(data)
     except AdapterError as exc:
         if response is None:
-            return error_json(dialect, exc.kind, exc.message)
+            return error_json(dialect, exc.kind, exc.message, exc.param)
         await response.write(encoder.error(exc.kind, exc.message))
     finally:
         await items.aclose()
@@ -180,7 +182,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         tokens = await request.app[RUNNER_KEY].count_tokens(neutral)
         return web.json_response({"input_tokens": tokens})
     except AdapterError as exc:
-        return error_json(ANTHROPIC, exc.kind, exc.message)
+        return error_json(ANTHROPIC, exc.kind, exc.message, exc.param)
 
 
 async def models(request: web.Request) -> web.StreamResponse:
