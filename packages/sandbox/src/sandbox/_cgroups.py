@@ -81,9 +81,10 @@ class CgroupSupport:
 
     @classmethod
     def discover(cls, parent: PurePosixPath | None = None) -> CgroupSupport:
+        """Find, per controller, where this process may create per-sandbox groups."""
         support = cls()
-        mounts = list(_cgroup_mounts())
-        own = _own_cgroups()
+        mounts = parse_mounts(Path("/proc/self/mountinfo").read_text())
+        own = parse_own_cgroups(Path("/proc/self/cgroup").read_text())
         unified = next((m for m in mounts if m.version == 2), None)
         unified_dir = (
             unified.directory_of(own.get("", "/")) if unified is not None and "" in own else None
@@ -119,7 +120,7 @@ class CgroupSupport:
                 with contextlib.suppress(FileExistsError):
                     directory.mkdir()
                 group.directories[controller] = (hierarchy.version, directory)
-                _write_limit(hierarchy.version, controller, directory, limits)
+                write_limit(hierarchy.version, controller, directory, limits)
         except BaseException:
             group.remove()
             raise
@@ -205,7 +206,7 @@ class SandboxCgroup:
 
 
 @dataclass(frozen=True, slots=True)
-class _Mount:
+class Mount:
     version: Literal[1, 2]
     root: str
     mountpoint: Path
@@ -218,8 +219,13 @@ class _Mount:
         return self.mountpoint / relative if relative not in ("", ".") else self.mountpoint
 
 
-def _cgroup_mounts() -> Iterator[_Mount]:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+def parse_mounts(mountinfo: str) -> list[Mount]:
+    """The cgroup file systems listed in a /proc/<pid>/mountinfo text."""
+    return list(_cgroup_mounts(mountinfo))
+
+
+def _cgroup_mounts(mountinfo: str) -> Iterator[Mount]:
+    for line in mountinfo.splitlines():
         before, _, after = line.partition(" - ")
         fields, tail = before.split(), after.split()
         if len(fields) < 5 or len(tail) < 3:
@@ -227,15 +233,15 @@ def _cgroup_mounts() -> Iterator[_Mount]:
         fstype, superoptions = tail[0], tail[2].split(",")
         root, mountpoint = _unescape(fields[3]), Path(_unescape(fields[4]))
         if fstype == "cgroup2":
-            yield _Mount(2, root, mountpoint, frozenset())
+            yield Mount(2, root, mountpoint, frozenset())
         elif fstype == "cgroup":
-            yield _Mount(1, root, mountpoint, frozenset(superoptions) & set(CONTROLLERS))
+            yield Mount(1, root, mountpoint, frozenset(superoptions) & set(CONTROLLERS))
 
 
-def _own_cgroups() -> dict[str, str]:
-    """Controller -> this process's cgroup path; "" is the unified (v2) hierarchy."""
+def parse_own_cgroups(cgroup: str) -> dict[str, str]:
+    """Controller -> cgroup path from a /proc/<pid>/cgroup text; "" is the v2 hierarchy."""
     own: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
         if not controllers:
             own[""] = path
@@ -279,7 +285,7 @@ def _probe(parent: Path) -> None:
         probe.rmdir()
 
 
-def _write_limit(
+def write_limit(
     version: Literal[1, 2], controller: str, directory: Path, limits: CgroupLimits
 ) -> None:
     if controller == "pids" and limits.max_processes is not None:
