@@ -94,20 +94,22 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def anthropic_client(stack: LocalStack, token: str) -> anthropic.AsyncAnthropic:
+def anthropic_client(
+    stack: LocalStack, token: str, *, max_retries: int = 0
+) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(
         base_url=stack.server.url,
         api_key=token,
-        max_retries=0,
+        max_retries=max_retries,
         http_client=anthropic.DefaultAsyncHttpxClient(verify=_tls()),
     )
 
 
-def openai_client(stack: LocalStack, token: str) -> openai.AsyncOpenAI:
+def openai_client(stack: LocalStack, token: str, *, max_retries: int = 0) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=stack.server.url + "/v1",
         api_key=token,
-        max_retries=0,
+        max_retries=max_retries,
         http_client=openai.DefaultAsyncHttpxClient(verify=_tls()),
     )
 
@@ -196,6 +198,27 @@ async def raw_request(
         text = await response.text()
         assert response.content_type == "application/json", text
         return RawAnswer(response.status, json.loads(text), dict(response.headers))
+
+
+async def raw_stream(stack: LocalStack, dialect: Dialect, token: str, body: object) -> str:
+    """A streamed request's whole answer as text (status 200 expected)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            stack.server.url + PATHS[dialect],
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as response,
+    ):
+        assert response.status == 200, await response.text()
+        assert response.content_type == "text/event-stream"
+        return await response.text()
+
+
+def sse_payloads(raw: str) -> list[Any]:
+    """The JSON of every ``data:`` line of an SSE answer (``[DONE]`` left out)."""
+    lines = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
 
 
 def assert_error_body(dialect: Dialect, status: int, body: Any, kind: Kind) -> str:

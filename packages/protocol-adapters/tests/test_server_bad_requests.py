@@ -18,6 +18,7 @@ import pytest
 
 from protocol_adapters.server.config import AdapterConfig
 from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.testing import Faults
 from protocol_adapters.tokenizer import Vocabulary
 
 from .server_clients import (
@@ -396,3 +397,33 @@ async def test_a_chat_tool_message_must_follow_tool_calls(
         )
         assert answer.body["error"]["param"] == "messages.[1].role"
         await check.after_refusal()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_the_turn_cap_counts_only_calls_the_client_got_a_reply_for(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    """Refused requests, failed engine calls and replays of a recorded answer use up no turn:
+    an agent whose engine hiccups must not run out of turns it never got."""
+    config = AdapterConfig(limits=SessionLimits(max_turns=2), replay_retries=True)
+    async with checked(tokenizer_cache, qwen_vocabulary, dialect, config) as check:
+        assert check.session.answered == 1
+        engine_calls = len(check.stack.double.requests)
+        # a refused request
+        with pytest.raises(sdk_error_types(dialect)):
+            await check.client.post({"model": 7})
+        # a failed engine call, twice
+        check.stack.double.faults = Faults(http_status=500)
+        for _ in range(2):
+            with pytest.raises(sdk_error_types(dialect)):
+                await check.client.post(minimal_body(dialect, "engine fails"))
+        check.stack.double.faults = Faults()
+        # a replay: the seed's request again, answered from the record
+        assert await check.client.post(minimal_body(dialect, "good request 1")) == "ok"
+        assert len(check.stack.double.requests) == engine_calls + 2
+        assert (check.session.answered, check.session.pending) == (1, 0)
+        await check.good()  # the second and last turn
+        with pytest.raises(sdk_error_types(dialect)) as err:
+            await check.client.post(minimal_body(dialect, "third"))
+        assert "turn limit" in assert_sdk_error(dialect, err.value, "rate")
+        assert check.session.answered == 2

@@ -178,3 +178,48 @@ async def test_prompt_too_long_is_true_at_the_boundary(
         )
     message = assert_error_body(dialect, answer.status, answer.body, "context")
     assert message == f"prompt is too long: {prompt} tokens > {prompt - 1} maximum"
+
+
+class CountingTokenizer:
+    """A real tokenizer that tallies how many characters it was asked to encode."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.characters = 0
+
+    def encode_batch(self, texts: list[str], **kwargs: Any) -> Any:
+        self.characters += sum(map(len, texts))
+        return self._inner.encode_batch(texts, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_huge_prompt_is_refused_after_the_limit_not_at_its_end(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
+) -> None:
+    """A 4 MB request over a 32k context: refused as too long with a count that is a true lower
+    bound, having encoded a small fraction of it (the benchmark measures time and memory)."""
+    counting = CountingTokenizer(qwen_vocabulary.tokenizer)
+    vocabulary = Vocabulary(counting, "qwen3")  # type: ignore[arg-type]
+    huge = "def handler(event):\n    return process(event, retries=3)\n" * 75_000
+    async with local_stack(
+        always_ok, tokenizer_cache=tokenizer_cache, vocabulary=vocabulary
+    ) as stack:
+        session = stack.server.sessions.open("huge")
+        body = minimal_body(dialect, huge)
+        before = counting.characters
+        answer = await raw_request(
+            stack, PATHS[dialect], json.dumps(body).encode(), token=session.token
+        )
+        encoded = counting.characters - before
+    message = assert_error_body(dialect, answer.status, answer.body, "context")
+    match = TOO_LONG.match(message)
+    assert match is not None, message
+    tokens, maximum = int(match[1]), int(match[2])
+    assert maximum == 32768 - 2
+    assert maximum < tokens <= qwen_vocabulary.count(huge)
+    assert encoded < len(huge) / 10
+    assert stack.double.requests == []
+    assert session.tree.turns == []

@@ -1,0 +1,119 @@
+"""Encoding long text in pieces: the same ids and offsets as one encode, bounded memory, and an
+early stop once a limit is passed (a 20 MB request is refused after the limit, not at its end)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, pre_tokenizers
+
+from protocol_adapters.tokenizer import TooManyTokens, Vocabulary
+from protocol_adapters.tokenizer import vocabulary as vocabulary_module
+
+SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
+
+# Text built from what moves pre-token boundaries: runs of spaces, newlines, punctuation runs
+# before newlines, digits, contractions, special tokens, combining marks, CJK, emoji.
+ATOMS = [
+    "def",
+    " self",
+    "x",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    " \n",
+    ".\n",
+    "...",
+    "'s",
+    "'ll",
+    "0",
+    "42",
+    "3.14",
+    "猫",
+    "é",
+    "e\u0301",
+    "\u0301",
+    "\t",
+    "\r\n",
+    "\U0001f600",
+    "<|im_end|>",
+    "<tool_call>",
+    "_",
+    "ab12cd",
+]
+TEXTS = st.lists(st.sampled_from(ATOMS), max_size=400).map("".join)
+
+
+def one_encode(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    (encoding,) = vocabulary.tokenizer.encode_batch([text], add_special_tokens=False)
+    return list(encoding.ids), list(encoding.offsets)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of a few characters, so every test text is cut many times."""
+    monkeypatch.setattr(vocabulary_module, "PIECE_CHARS", 7)
+
+
+# The fixture only patches a constant, the same for every example.
+ONE_PATCH = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=TEXTS)
+def test_pieces_encode_exactly_as_the_whole_text(
+    qwen_vocabulary: Vocabulary, small_pieces: None, text: str
+) -> None:
+    ids, offsets = qwen_vocabulary.encode_with_offsets(text)
+    assert (ids, offsets) == one_encode(qwen_vocabulary, text)
+    assert qwen_vocabulary.encode(text) == ids
+    assert qwen_vocabulary.count(text) == len(ids)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=st.text(max_size=300))
+def test_pieces_of_any_text_encode_exactly(
+    qwen_vocabulary: Vocabulary, small_pieces: None, text: str
+) -> None:
+    assert qwen_vocabulary.encode_with_offsets(text) == one_encode(qwen_vocabulary, text)
+
+
+def test_the_small_fixture_tokenizer_is_cut_too(small_pieces: None) -> None:
+    small = Vocabulary.from_file(SMALL)
+    text = "def f(x):\n    return x + 12  # done\n" * 50
+    assert small.encode_with_offsets(text) == one_encode(small, text)
+
+
+def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
+    text = "print('hello world', 12345)\n" * 200_000  # 5.6 MB, about 1.8M tokens
+    with pytest.raises(TooManyTokens) as caught:
+        qwen_vocabulary.encode(text, max_tokens=32768)
+    counted = caught.value.counted
+    assert counted > 32768
+    # One batch of pieces past the limit, not the whole text: a lower bound, far below the truth.
+    batch = vocabulary_module.PIECES_PER_BATCH * vocabulary_module.PIECE_CHARS
+    assert counted <= qwen_vocabulary.count(text[: 32768 * 4 + batch])
+    with pytest.raises(TooManyTokens):
+        qwen_vocabulary.encode_with_offsets(text, max_tokens=32768)
+    with pytest.raises(TooManyTokens):  # a short text (one piece) is held to the limit too
+        qwen_vocabulary.encode("short text that is longer than two tokens", max_tokens=2)
+    assert qwen_vocabulary.encode("short", max_tokens=2) == qwen_vocabulary.encode("short")
+
+
+def test_a_tokenizer_without_qwens_split_is_encoded_in_one_piece(
+    small_pieces: None,
+) -> None:
+    """Cut points are proven for Qwen's pre-tokenizer only; any other is encoded whole."""
+    tokenizer = Tokenizer.from_file(str(SMALL))
+    assert vocabulary_module._splits_like_qwen(tokenizer)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    assert json.loads(tokenizer.pre_tokenizer.__getstate__())["type"] == "ByteLevel"
+    assert not vocabulary_module._splits_like_qwen(tokenizer)  # GPT-2's regex: \s+(?!\S) differs
+    other = Vocabulary(tokenizer, "gpt2-split")
+    text = "x \n\nfoo bar 12\n" * 20
+    assert other.encode_with_offsets(text) == one_encode(other, text)
