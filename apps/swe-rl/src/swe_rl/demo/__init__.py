@@ -1,0 +1,1 @@
+"""The local demo: tiny real repositories, a scripted policy, and the run that ties them up."""

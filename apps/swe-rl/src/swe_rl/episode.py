@@ -1,0 +1,280 @@
+"""One SWE episode: the function slime-backend runs for every sample.
+
+task payload + adapter session + budgets ->
+    sandbox with the task's checkout, setup run -> the agent CLI works on the problem under a
+    wall-clock budget, talking to the adapter through the one forwarded port -> its change is
+    captured as a diff -> graded in a fresh sandbox -> reward.
+
+Every failure that leaves no trustworthy reward (a bad task row, a repository that will not
+clone, setup failing, the CLI crashing or never reaching the model, the engine going away,
+grading infrastructure failing) ends as an ABORTED outcome with the reason; nothing raises out
+of an episode but cancellation. The episode's artifacts (the CLI's event stream and stderr,
+the diff, the grading log, a summary) are written to one directory, named in the outcome as
+`artifacts["dir"]`, where the caller also puts the session tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from harness import AgentEndpoint, AgentRun, CliMount, Harness, InstallConfig, InstalledCli
+from harness.errors import HarnessError
+from sandbox import (
+    ForwardedEndpoint,
+    GitWorkspace,
+    ResourceLimits,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    SetupFailedError,
+    capture_diff,
+    run_setup,
+)
+from slime_backend.episode import (
+    AdapterSession,
+    Budgets,
+    EpisodeOutcome,
+    EpisodeStatus,
+    JsonValue,
+)
+from swe_rl.grading import GradeResult, GradingError, GradingLog, grade
+from swe_rl.sources import RepoSources, SourceError
+from swe_rl.task import SweTask, TaskError, parse_task
+
+logger = logging.getLogger(__name__)
+
+TASK_TEMPLATE = (
+    "{problem_statement}\n\n"
+    "The repository is checked out in the current directory. Change the code so that the "
+    "issue above is resolved. Do not change the tests."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeConfig:
+    """How episodes run. `on_budget`: an agent stopped by its wall-clock budget is aborted
+    (never trained) by default, or graded and marked truncated with "grade"."""
+
+    artifacts_root: Path
+    install: InstallConfig
+    sources_cache: Path
+    model_name: str = "policy-under-training"
+    on_budget: Literal["abort", "grade"] = "abort"
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    inside_port: int = 8080
+    setup_timeout_s: float = 1800.0
+    task_template: str = TASK_TEMPLATE
+
+
+class _Aborted(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SweEpisode:
+    """The app's episode function (slime-backend's `Episode` protocol)."""
+
+    def __init__(self, config: EpisodeConfig, agent: Harness, backend: SandboxBackend) -> None:
+        self.config = config
+        self.agent = agent
+        self.backend = backend
+        self.sources = RepoSources(config.sources_cache)
+        self._installed: InstalledCli | None = None
+        self._install_lock = asyncio.Lock()
+
+    async def __call__(
+        self,
+        task: Mapping[str, Any],
+        session: AdapterSession,
+        budgets: Budgets,
+        *,
+        evaluation: bool,
+    ) -> EpisodeOutcome:
+        started = time.monotonic()
+        directory = self._directory(task, session)
+        summary: dict[str, Any] = {"session_id": session.session_id, "evaluation": evaluation}
+        try:
+            outcome = await self._run(task, session, budgets, directory, summary)
+        except _Aborted as aborted:
+            outcome = EpisodeOutcome.aborted(aborted.reason)
+        except Exception as error:  # an episode never takes the run down
+            logger.exception("episode %s failed", session.session_id)
+            outcome = EpisodeOutcome.aborted(f"internal error: {error!r}")
+        summary.update(
+            status=str(outcome.status),
+            reason=outcome.reason,
+            reward=outcome.reward,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+        await asyncio.to_thread(_write, directory / "summary.json", json.dumps(summary, indent=2))
+        return EpisodeOutcome(
+            outcome.reward,
+            outcome.status,
+            outcome.reason,
+            {**outcome.artifacts, "dir": str(directory)},
+        )
+
+    async def _run(
+        self,
+        payload: Mapping[str, Any],
+        session: AdapterSession,
+        budgets: Budgets,
+        directory: Path,
+        summary: dict[str, Any],
+    ) -> EpisodeOutcome:
+        try:
+            task = parse_task(payload)
+        except TaskError as error:
+            raise _Aborted(f"bad task: {error}") from None
+        summary["instance_id"] = task.instance_id
+        try:
+            repo = await self.sources.prepare(task)
+        except SourceError as error:
+            raise _Aborted(f"repository: {error}") from None
+        mount = CliMount.under(await self._install())
+        spec = self._spec(task, repo, session, (mount.bind,))
+        try:
+            box = await self.backend.create(spec)
+        except SandboxError as error:
+            raise _Aborted(f"sandbox: {error}") from None
+        async with box:
+            await self._setup(box, task)
+            run = await self._agent(box, mount, task, session, budgets, directory)
+            summary["agent"] = _run_summary(run)
+            try:
+                diff = await capture_diff(box, task.base_commit)
+            except (SandboxError, ValueError) as error:
+                raise _Aborted(f"capturing the diff failed: {error}") from None
+        await asyncio.to_thread(_write_bytes, directory / "diff.patch", diff.patch)
+        summary["changed_paths"] = list(diff.changed_paths)
+        status = self._status(run)
+        result = await self._grade(task, repo, diff.patch, directory)
+        summary["grading"] = result.summary()
+        artifacts: dict[str, JsonValue] = {
+            "instance_id": task.instance_id,
+            "resolved": result.resolved,
+            "tests_passed": sum(s == "passed" for s in result.tests.values()),
+            "tests_total": len(result.tests),
+            "refused_paths": sorted(result.refused_paths),
+            "agent_exit_code": run.exit_code,
+            "agent_tool_calls": run.stats.tool_calls,
+        }
+        return EpisodeOutcome(result.reward, status, "", artifacts)
+
+    def _spec(
+        self, task: SweTask, repo: Path, session: AdapterSession, binds: tuple[Any, ...]
+    ) -> SandboxSpec:
+        address = urlsplit(session.base_url)
+        if address.hostname is None or address.port is None:
+            raise _Aborted(f"adapter URL has no host and port: {session.base_url}")
+        network = ForwardedEndpoint(address.hostname, address.port, self.config.inside_port)
+        return SandboxSpec(
+            workspace=GitWorkspace(repo, task.base_commit),
+            env={"IS_SANDBOX": "1"},
+            network=network,
+            read_only_binds=binds,
+            limits=self.config.limits,
+        )
+
+    async def _install(self) -> InstalledCli:
+        async with self._install_lock:
+            if self._installed is None:
+                try:
+                    self._installed = await self.agent.install(self.config.install)
+                except HarnessError as error:
+                    raise _Aborted(f"installing {self.agent.name}: {error}") from None
+            return self._installed
+
+    async def _setup(self, box: Sandbox, task: SweTask) -> None:
+        try:
+            await run_setup(box, task.setup_commands, timeout=self.config.setup_timeout_s)
+        except SetupFailedError as error:
+            raise _Aborted(f"setup: {error}") from None
+
+    async def _agent(
+        self,
+        box: Sandbox,
+        mount: CliMount,
+        task: SweTask,
+        session: AdapterSession,
+        budgets: Budgets,
+        directory: Path,
+    ) -> AgentRun:
+        assert box.endpoint_url is not None
+        endpoint = AgentEndpoint(
+            base_url=box.endpoint_url,
+            token=session.token,
+            model=self.config.model_name,
+            context_window=budgets.context_tokens,
+        )
+        prompt = self.config.task_template.format(problem_statement=task.problem_statement)
+        try:
+            return await self.agent.run(
+                box,
+                mount,
+                endpoint,
+                prompt,
+                budget=budgets.wall_clock_s,
+                output_dir=directory / "agent",
+            )
+        except (HarnessError, SandboxError) as error:
+            raise _Aborted(f"running {self.agent.name}: {error}") from None
+
+    def _status(self, run: AgentRun) -> EpisodeStatus:
+        if run.timed_out:
+            if self.config.on_budget == "abort":
+                raise _Aborted(f"the agent used its whole budget ({run.duration:.0f} s)")
+            return EpisodeStatus.TRUNCATED
+        if run.exit_code != 0:
+            detail = run.stats.error or run.stderr_tail.strip()[-500:] or "no message"
+            raise _Aborted(f"{self.agent.name} exited {run.exit_code}: {detail}")
+        return EpisodeStatus.COMPLETED
+
+    async def _grade(self, task: SweTask, repo: Path, patch: bytes, directory: Path) -> GradeResult:
+        log = GradingLog()
+        spec = SandboxSpec(
+            workspace=GitWorkspace(repo, task.base_commit), limits=self.config.limits
+        )
+        try:
+            return await grade(task, patch, lambda: self.backend.create(spec), log)
+        except GradingError as error:
+            raise _Aborted(f"grading: {error}") from None
+        finally:
+            await asyncio.to_thread(_write, directory / "grading.log", log.text())
+
+    def _directory(self, task: Mapping[str, Any], session: AdapterSession) -> Path:
+        instance = str(task.get("instance_id", "unknown")) if isinstance(task, Mapping) else "bad"
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance)[:80]
+        return self.config.artifacts_root / f"{safe}-{session.session_id}"
+
+
+def _run_summary(run: AgentRun) -> dict[str, Any]:
+    return {
+        "harness": run.harness,
+        "exit_code": run.exit_code,
+        "timed_out": run.timed_out,
+        "duration_s": round(run.duration, 3),
+        "turns_in_events": run.stats.turns,
+        "tool_calls": run.stats.tool_calls,
+        "error": run.stats.error,
+    }
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
