@@ -264,7 +264,7 @@ def _run_summary(run: AgentRun) -> dict[str, Any]:
         "exit_code": run.exit_code,
         "timed_out": run.timed_out,
         "duration_s": round(run.duration, 3),
-        "turns_in_events": run.stats.turns,
+        "main_agent_turns": run.stats.main_agent_turns,
         "tool_calls": run.stats.tool_calls,
         "error": run.stats.error,
     }
