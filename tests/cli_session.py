@@ -30,7 +30,8 @@ from .trust_checks import assert_engine_tokens_trained, assert_outputs_are_gener
 ENGINE_CONTEXT = 32768
 """The engine double's context length: the adapter's limit and the CLI's compaction window."""
 POLICY_MODEL = "policy-under-training"
-"""A model name neither CLI knows (see CLIENTS.md: a known name changes their behaviour)."""
+"""A model name neither CLI knows (a known name changes their behaviour: see the harness's
+docs/clients.md)."""
 TASK = "Create the three marker files with the shell tool, then say that you are done."
 CLI_TIMEOUT = 60.0
 
@@ -84,6 +85,18 @@ async def run_cli_session(
         run = await run_on_host(plan, workdir, CLI_TIMEOUT)
     events = summarize_lines(run.stdout.splitlines(), harness.new_tally())
     return CliSession(harness, run, events, stack, session.tree, agent, workdir)
+
+
+def codex_notices(stdout: bytes) -> list[str]:
+    """The messages of the `error` items in a `codex exec --json` stream: Codex's notices
+    about its configuration (a deprecated setting, an unknown model), one per line."""
+    notices = []
+    for line in stdout.splitlines():
+        event = json.loads(line)
+        item = event.get("item", {})
+        if event.get("type") == "item.completed" and item.get("type") == "error":
+            notices.append(item["message"])
+    return notices
 
 
 @contextlib.contextmanager

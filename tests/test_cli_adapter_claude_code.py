@@ -31,4 +31,4 @@ async def test_claude_code_tool_session_trains_exactly_engine_tokens(
         # Its environment listing arrives as a role "system" message inside the history.
         first_request = done.tree.request_messages(turns[0])
         assert [m.role for m in first_request].count("system") >= 2
-        assert done.events.turns == len(turns)
+        assert done.events.main_agent_turns == len(turns)

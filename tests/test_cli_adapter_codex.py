@@ -12,8 +12,19 @@ from pathlib import Path
 from harness import Codex, InstalledCli
 from protocol_adapters.tokenizer import Vocabulary
 
-from .cli_session import assert_shell_session_recorded, explained, run_cli_session
+from .cli_session import (
+    POLICY_MODEL,
+    assert_shell_session_recorded,
+    codex_notices,
+    explained,
+    run_cli_session,
+)
 from .scripted_agent import FIRST_REASONING
+
+UNKNOWN_MODEL_NOTICE = (
+    "Model metadata for `{}` not found. Defaulting to fallback metadata; "
+    "this can degrade performance and cause issues."
+)
 
 
 async def test_codex_tool_session_trains_exactly_engine_tokens(
@@ -28,4 +39,8 @@ async def test_codex_tool_session_trains_exactly_engine_tokens(
         assert [r.text for r in turns[0].reply.reasoning] == [FIRST_REASONING]
         # Developer messages (Codex's system prompt) arrive as system messages.
         assert done.tree.request_messages(turns[0])[0].role == "system"
-        assert done.events.turns == 1  # one `codex exec` turn, three model calls
+        assert done.events.main_agent_turns == 1  # one `codex exec` turn, three model calls
+        # Nothing in the harness's config.toml is deprecated: Codex reports that as `error`
+        # items in the event stream, where only the unknown model's notice may appear.
+        assert codex_notices(done.run.stdout) == [UNKNOWN_MODEL_NOTICE.format(POLICY_MODEL)]
+        assert b"deprecated" not in done.run.stderr.lower()

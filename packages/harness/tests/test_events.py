@@ -26,7 +26,7 @@ def test_claude_code_success_stream() -> None:
     assert stats == EventStats(
         events=6,
         malformed_lines=0,
-        turns=2,
+        main_agent_turns=2,
         tool_calls=1,
         result_text="Done: wrote hello.txt.",
         error=None,
@@ -35,16 +35,43 @@ def test_claude_code_success_stream() -> None:
 
 def test_claude_code_max_turns_is_an_error_without_result() -> None:
     stats = ClaudeCode().summarize(FIXTURES / "claude_code_max_turns.jsonl")
-    assert (stats.turns, stats.tool_calls) == (1, 1)
+    assert (stats.main_agent_turns, stats.tool_calls) == (1, 1)
     assert stats.result_text is None
     assert stats.error == "Reached maximum number of turns (1)"
 
 
 def test_claude_code_synthetic_error_message_is_not_a_model_turn() -> None:
     stats = ClaudeCode().summarize(FIXTURES / "claude_code_prompt_too_long.jsonl")
-    assert stats.turns == 0
+    assert stats.main_agent_turns == 0
     assert stats.error == "Prompt is too long"
     assert stats.result_text is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "main_agent_turns", "answer"),
+    [("foreground", 2, "main reply 4 after 1"), ("background", 3, "main reply 5 after 2")],
+)
+def test_claude_code_counts_the_main_agents_turns_not_the_sub_agents(
+    mode: str, main_agent_turns: int, answer: str
+) -> None:
+    # Captured from the real CLI: the main agent starts a sub-agent (Agent tool), which runs
+    # one Bash command and reports back. The stream shows the sub-agent's tool-call reply
+    # (with a parent_tool_use_id) and, in the foreground, never its final reply: four model
+    # calls (five in the background, where the main agent also answers while it waits).
+    name = f"claude_code_subagent_{mode}.jsonl"
+    stats = ClaudeCode().summarize(FIXTURES / name)
+    events = [json.loads(line) for line in fixture_lines(name)]
+    sub_agent_replies = {
+        e["message"]["id"]
+        for e in events
+        if e["type"] == "assistant" and e["parent_tool_use_id"] is not None
+    }
+    assert len(sub_agent_replies) == (1 if mode == "foreground" else 2)
+    assert stats.main_agent_turns == main_agent_turns
+    assert stats.main_agent_turns == sum(e["num_turns"] for e in events if e["type"] == "result")
+    assert stats.tool_calls == 2  # the Agent call and the sub-agent's Bash call
+    assert stats.result_text == answer
+    assert stats.error is None
 
 
 def test_codex_success_stream() -> None:
@@ -53,7 +80,7 @@ def test_codex_success_stream() -> None:
     assert stats == EventStats(
         events=7,
         malformed_lines=0,
-        turns=1,
+        main_agent_turns=1,
         tool_calls=1,
         result_text="Done: wrote hello.txt.",
         error=None,
@@ -62,7 +89,7 @@ def test_codex_success_stream() -> None:
 
 def test_codex_failed_turn() -> None:
     stats = Codex().summarize(FIXTURES / "codex_context_exceeded.jsonl")
-    assert stats.turns == 1
+    assert stats.main_agent_turns == 1
     assert stats.tool_calls == 0
     assert stats.result_text is None
     assert stats.error is not None
@@ -98,7 +125,7 @@ def test_junk_lines_are_counted_never_raised() -> None:
     stats = summarize_lines(lines, ClaudeCodeTally())
     assert stats.malformed_lines == 6
     assert stats.events == 3
-    assert (stats.turns, stats.tool_calls) == (0, 0)
+    assert (stats.main_agent_turns, stats.tool_calls) == (0, 0)
     assert stats.error == "error"
 
 
@@ -114,7 +141,7 @@ def test_codex_counts_each_tool_item_once_across_its_updates() -> None:
         {"type": "turn.completed", "usage": {}},
     ]
     stats = summarize_lines([json.dumps(e).encode() for e in events], CodexTally())
-    assert (stats.turns, stats.tool_calls, stats.result_text) == (1, 1, "b")
+    assert (stats.main_agent_turns, stats.tool_calls, stats.result_text) == (1, 1, "b")
 
 
 @given(st.lists(st.binary(max_size=64), max_size=30))

@@ -1,5 +1,6 @@
-"""Generated environment, config files and argv, checked against CLIENTS.md setting by
-setting (no process runs here; the sandbox tests show the CLIs accept them)."""
+"""Generated environment, config files and argv, checked setting by setting against the measured
+facts in docs/clients.md (no process runs here; the sandbox tests and the cross-package CLI
+tests show the CLIs accept them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import AgentEndpoint, ClaudeCode, Codex, InstalledCli, Launch, LaunchError
-from harness.claude_code import CLAUDE_CODE_CLI
+from harness.claude_code import CLAUDE_CODE_CLI, MIN_AUTO_COMPACT_WINDOW
 from harness.codex import CODEX_CLI
 from harness.launch import MAX_ARGUMENT_BYTES
 from harness.mount import DEFAULT_MOUNT_ROOT, CliMount
@@ -36,7 +37,7 @@ def test_claude_code_environment_is_exactly_the_measured_settings() -> None:
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
-        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "32768",
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000",
         "ANTHROPIC_MODEL": "policy-7b",
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": "policy-7b",
         "ANTHROPIC_DEFAULT_SONNET_MODEL": "policy-7b",
@@ -47,6 +48,20 @@ def test_claude_code_environment_is_exactly_the_measured_settings() -> None:
     assert "ANTHROPIC_API_KEY" in plan.unset_env
     assert plan.dirs == ("/var/tmp/agent-rl/run-1/home",)
     assert dict(plan.files) == {}
+
+
+@pytest.mark.parametrize(
+    ("context_window", "written"),
+    [(32768, 100_000), (99_999, 100_000), (100_000, 100_000), (131072, 131072)],
+)
+def test_claude_code_never_writes_a_compact_window_it_would_raise(
+    context_window: int, written: int
+) -> None:
+    # Claude Code raises a smaller window to its minimum (with a warning): below it, the
+    # adapter's "prompt is too long" triggers compaction, so the minimum is written as is.
+    endpoint = AgentEndpoint("http://127.0.0.1:1", "t", "m", context_window)
+    env = ClaudeCode().environment(endpoint, STATE)
+    assert int(env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"]) == written >= MIN_AUTO_COMPACT_WINDOW
 
 
 @pytest.mark.parametrize("max_turns", [None, 7])
@@ -84,7 +99,8 @@ def test_codex_config_toml_is_a_custom_responses_provider() -> None:
         "model": "policy-7b",
         "model_provider": "agent_rl",
         "model_context_window": 32768,
-        "model_auto_compact_token_limit": 29491,
+        "model_auto_compact_token_limit": 20480,
+        "tool_output_token_limit": 1024,
         "web_search": "disabled",
         "model_providers": {
             "agent_rl": {
@@ -95,7 +111,8 @@ def test_codex_config_toml_is_a_custom_responses_provider() -> None:
             }
         },
         "analytics": {"enabled": False},
-        "features": {"plugins": False, "goals": False, "multi_agent": False},
+        "agents": {"enabled": False},
+        "features": {"plugins": False, "goals": False},
     }
     assert dict(plan.env) == {
         "HOME": "/var/tmp/agent-rl/run-1/home",
@@ -124,6 +141,27 @@ def test_codex_config_toml_is_a_custom_responses_provider() -> None:
 def test_codex_config_survives_any_model_name(model: str) -> None:
     endpoint = AgentEndpoint("http://127.0.0.1:1", "t", model, 100)
     assert tomllib.loads(Codex().config_toml(endpoint))["model"] == model
+
+
+@given(window=st.integers(min_value=1024, max_value=2_000_000))
+def test_codex_compaction_headroom_holds_two_tool_outputs_and_a_summary(window: int) -> None:
+    # Codex checks only the previous reply's usage: the output added before that check and
+    # the one its compaction request carries must fit above the threshold, with the summary.
+    compact_at, tool_output_limit = Codex().compaction_limits(window)
+    worst_case_output = tool_output_limit * 4  # one engine token per byte at most
+    assert window // 2 < compact_at
+    assert compact_at + 3 * worst_case_output <= window
+
+
+def test_codex_refuses_settings_it_deprecates_or_cannot_honour() -> None:
+    with pytest.raises(ValueError, match=r"multi_agent is deprecated in Codex 0\.169\.0: set sub"):
+        Codex(features={"multi_agent": False})
+    with pytest.raises(ValueError, match="no room for two tool outputs"):
+        Codex(auto_compact_ratio=0.9)
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\)"):
+        Codex(tool_output_ratio=0)
+    config = tomllib.loads(Codex(subagents=True).config_toml(ENDPOINT))
+    assert config["agents"] == {"enabled": True}
 
 
 def test_codex_never_uses_the_builtin_openai_provider() -> None:

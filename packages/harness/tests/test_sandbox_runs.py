@@ -87,7 +87,7 @@ async def test_cli_runs_in_the_sandbox_and_reaches_the_forwarded_endpoint(
     assert run.stats.result_text == "done"
     assert run.stats.error is None
     assert run.stats.malformed_lines == 0
-    assert run.stats.turns == 1
+    assert run.stats.main_agent_turns == 1
     assert run.ok
     requests = setup.server.requests
     assert [r.path for r in requests] == [agent.path]
@@ -103,6 +103,9 @@ async def test_cli_runs_in_the_sandbox_and_reaches_the_forwarded_endpoint(
     lines = list(run.event_lines())
     assert len(lines) == run.stats.events
     assert run.events_path.parent == tmp_path / "out"
+    # Nothing we configure is deprecated (Codex reports that as `error` items on stdout).
+    assert not [line for line in lines if "deprecated" in line.lower()]
+    assert "deprecated" not in run.stderr_path.read_text().lower()
 
 
 @pytest.mark.parametrize("server_mode", ["hang"])

@@ -1,10 +1,18 @@
 """Claude Code (`@anthropic-ai/claude-code`) configured to talk only to the adapter.
 
-Every setting below is a measured fact from CLIENTS.md: the auth token variable that
-becomes `Authorization: Bearer`, the variables that silence side traffic and the
-per-request attribution header (its hash would change the system prompt every turn), every
-model alias pointed at the policy (so a sub-agent asking for "haiku" still reaches it), and
-the compaction window set to the engine's real context length.
+Every setting below is a measured fact about the pinned version (docs/clients.md): the auth
+token variable that becomes `Authorization: Bearer`, the variables that silence side traffic
+and the per-request attribution header (its hash would change the system prompt every turn),
+every model alias pointed at the policy (so a sub-agent asking for "haiku" still reaches it),
+and the auto-compact window.
+
+How compaction is triggered depends on the engine's context length. Claude Code compacts
+proactively when the usage we report nears its auto-compact window, and reactively when a
+request is refused with 400 "prompt is too long". It raises any window below 100,000 tokens
+to 100,000 (with a warning), so on a smaller engine the proactive path never fires before
+the engine is full: there the adapter's refusal, sent before anything is generated, is what
+makes it compact. It then summarizes the older history and keeps the latest tool-use group
+verbatim; a summarization request that is itself too long is retried shorter.
 """
 
 from __future__ import annotations
@@ -40,8 +48,17 @@ _MODEL_VARIABLES = (
     "CLAUDE_CODE_SUBAGENT_MODEL",
 )
 
+#: The smallest auto-compact window Claude Code honours; smaller values are raised to it.
+MIN_AUTO_COMPACT_WINDOW = 100_000
+
 #: The model name Claude Code gives its own synthetic (not model-generated) messages.
 _SYNTHETIC_MODEL = "<synthetic>"
+
+
+def auto_compact_window(context_window: int) -> int:
+    """The engine's context length, or Claude Code's minimum where the engine is smaller
+    (compaction there is triggered by the adapter's "prompt is too long"; module docstring)."""
+    return max(context_window, MIN_AUTO_COMPACT_WINDOW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +88,7 @@ class ClaudeCode(NpmHarness):
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
-            "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(endpoint.context_window),
+            "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(auto_compact_window(endpoint.context_window)),
         }
         env.update(dict.fromkeys(_MODEL_VARIABLES, endpoint.model))
         return env
@@ -116,28 +133,33 @@ class ClaudeCodeTally(EventTally):
     """Reads `--output-format stream-json --verbose` events.
 
     One model reply arrives as several `assistant` events (one per content block) sharing
-    the message id, so replies and tool calls are counted by distinct id. The final
-    `result` event carries the answer, or `is_error` with the reason.
+    the message id, so replies and tool calls are counted by distinct id. A sub-agent's
+    events carry the `parent_tool_use_id` of the call that started it, and the stream shows
+    only some of them (a foreground sub-agent's final reply never), so only the main agent's
+    replies are counted as its turns. The final `result` event carries the answer, or
+    `is_error` with the reason.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._replies: set[str] = set()
+        self._main_replies: set[str] = set()
         self._tool_ids: set[str] = set()
 
     def observe(self, event: Mapping[str, Any]) -> None:
         kind = as_str(event.get("type"))
         if kind == "assistant":
-            self._observe_reply(as_dict(event.get("message")))
+            from_main_agent = event.get("parent_tool_use_id") is None
+            self._observe_reply(as_dict(event.get("message")), from_main_agent=from_main_agent)
         elif kind == "result":
             self._observe_result(event)
 
-    def _observe_reply(self, message: Mapping[str, Any]) -> None:
+    def _observe_reply(self, message: Mapping[str, Any], *, from_main_agent: bool) -> None:
         message_id = as_str(message.get("id"))
         if message_id is None or message.get("model") == _SYNTHETIC_MODEL:
             return
-        self._replies.add(message_id)
-        self.turns = len(self._replies)
+        if from_main_agent:
+            self._main_replies.add(message_id)
+            self.main_agent_turns = len(self._main_replies)
         for item in as_list(message.get("content")):
             block = as_dict(item)
             tool_id = as_str(block.get("id"))

@@ -73,8 +73,8 @@ class AgentEndpoint:
     base_url: scheme, host, port and optional path prefix, without `/v1` (each harness adds
     its dialect's path). token: the session token the adapter issued; the CLI sends it as
     its API key, which is how the adapter tells sessions apart. model: the policy's name,
-    deliberately one the CLI does not know (see CLIENTS.md). context_window: the engine's
-    context length in tokens, so the CLI compacts before the engine refuses.
+    deliberately one the CLI does not know (see docs/clients.md). context_window: the engine's
+    context length in tokens, from which each harness derives its compaction settings.
     """
 
     base_url: str

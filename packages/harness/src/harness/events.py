@@ -20,16 +20,22 @@ from typing import Any
 class EventStats:
     """What the event stream says about a run.
 
-    turns: model replies where the stream shows them one by one (Claude Code), otherwise the
-    agent turns the CLI reports (Codex exec: one per `turn.started`).
-    tool_calls: distinct tool invocations the CLI reported.
+    The stream is not a count of model calls: it leaves out sub-agents' calls (Claude Code
+    omits a foreground sub-agent's final reply), compaction requests and retries. Count model
+    calls from the adapter's record of the session (`trajectory_tree.summarize(tree).turns`).
+
+    main_agent_turns: the main agent's turns as the CLI itself counts them. Claude Code: the
+    main agent's model replies (its `result` event's `num_turns`). Codex `exec`: its
+    `turn.started` events, one per task however many model calls the turn took.
+    tool_calls: distinct tool invocations the stream reports (Claude Code includes those of
+    the sub-agents it shows).
     result_text: the agent's final answer, if it finished with one.
     error: the CLI's own account of why the run failed, if it says so.
     """
 
     events: int
     malformed_lines: int
-    turns: int
+    main_agent_turns: int
     tool_calls: int
     result_text: str | None
     error: str | None
@@ -39,7 +45,7 @@ class EventTally(ABC):
     """Accumulates one harness's counts from decoded events; one instance per stream."""
 
     def __init__(self) -> None:
-        self.turns = 0
+        self.main_agent_turns = 0
         self.tool_calls = 0
         self.result_text: str | None = None
         self.error: str | None = None
@@ -74,7 +80,7 @@ def summarize_lines(lines: Iterable[bytes], tally: EventTally) -> EventStats:
     return EventStats(
         events=counts[0],
         malformed_lines=counts[1],
-        turns=tally.turns,
+        main_agent_turns=tally.main_agent_turns,
         tool_calls=tally.tool_calls,
         result_text=tally.result_text,
         error=tally.error,

@@ -1,7 +1,7 @@
 """A harness's complete launch plan: files, environment and argv, as plain data.
 
-Keeping the plan separate from running it lets tests check every setting CLIENTS.md
-prescribes without starting anything, and lets one runner serve every harness.
+Keeping the plan separate from running it lets tests check every measured setting
+(docs/clients.md) without starting anything, and lets one runner serve every harness.
 """
 
 from __future__ import annotations
