@@ -6,14 +6,13 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from sandbox.e2b_backend import E2BBackend, E2BConfig, E2BSandbox, exit_code_from_envd
 from sandbox.errors import SandboxBootError, SandboxFileNotFoundError, UnsupportedSpecError
-from sandbox.retry import RetryPolicy
 from sandbox.spec import (
     DirectoryWorkspace,
     ForwardedEndpoint,
@@ -22,9 +21,8 @@ from sandbox.spec import (
     SandboxSpec,
 )
 
-from .e2b_fake import FakeState, serve_fake_e2b
-
-FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.01, multiplier=2.0, max_delay=0.05)
+from .e2b_fake import FakeState, backend_config, serve_fake_e2b
+from .host_processes import host_pids_with, unique_sleep, wait_for_process
 
 
 @pytest.fixture
@@ -37,16 +35,7 @@ def state(tmp_path: Path) -> FakeState:
 @pytest.fixture
 async def config(state: FakeState, tmp_path: Path) -> AsyncIterator[E2BConfig]:
     async with serve_fake_e2b(state) as url:
-        yield E2BConfig(
-            api_key="e2b_test_key",
-            api_url=url,
-            sandbox_url=url,
-            http_version="1.1",
-            request_timeout=10.0,
-            boot_retry=FAST_RETRY,
-            workspace_path=str(tmp_path / "workspace"),
-            output_root=tmp_path,
-        )
+        yield backend_config(url, tmp_path)
 
 
 @pytest.fixture
@@ -55,24 +44,21 @@ async def box(config: E2BConfig) -> AsyncIterator[E2BSandbox]:
         yield sandbox
 
 
-async def test_create_sends_the_spec_and_close_kills(config: E2BConfig, state: FakeState) -> None:
+async def test_create_makes_the_workspace_and_close_kills(
+    config: E2BConfig, state: FakeState
+) -> None:
     sandbox = await E2BBackend(config).create(SandboxSpec())
-    assert state.create_requests[0]["allow_internet_access"] is False
     assert Path(sandbox.workspace).is_dir()
     await sandbox.close()
     await sandbox.close()
-    assert state.killed_sandboxes == [sandbox.sandbox_id]
+    assert state.delete_requests == state.killed_sandboxes == [sandbox.sandbox_id]
 
 
-async def test_forwarded_endpoint_maps_to_an_egress_allow_list(
-    config: E2BConfig, state: FakeState
-) -> None:
+async def test_forwarded_endpoint_is_reached_at_its_own_address(config: E2BConfig) -> None:
+    # What the egress allow-list says is checked by the escape suite.
     spec = SandboxSpec(network=ForwardedEndpoint("10.1.2.3", 8000))
     async with await E2BBackend(config).create(spec) as sandbox:
         assert sandbox.endpoint_url == "http://10.1.2.3:8000"
-    network = state.create_requests[0]["network"]
-    assert network["allowOut"] == ["10.1.2.3"]
-    assert network["denyOut"] == ["0.0.0.0/0"]
 
 
 async def test_run_reports_output_and_exit_codes(box: E2BSandbox) -> None:
@@ -204,3 +190,129 @@ async def test_boots_are_bounded_and_carry_metadata(config: E2BConfig, state: Fa
     assert len(state.create_requests) == 6
     assert state.max_creating == 2
     assert all(r.get("metadata") == {"run": "r1"} for r in state.create_requests)
+
+
+# -- cancellation: nothing is left running, whichever await a cancellation hits ----------------
+
+
+async def _until(condition: Callable[[], object], what: str) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+async def test_create_cancelled_mid_boot_kills_the_sandbox_that_boot_makes(
+    config: E2BConfig, state: FakeState
+) -> None:
+    state.create_delay = 0.5  # the boot finishes well after the cancellation
+    creating = asyncio.create_task(E2BBackend(config).create(SandboxSpec()))
+    await _until(lambda: state.creating == 1, "the boot is under way")
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    # By the time the cancellation surfaces, the sandbox booted for our key is already dead.
+    (key,) = set(state.idempotency_keys)
+    booted = state.booted_with(key)
+    assert not booted.running
+    assert state.killed_sandboxes == [booted.sandbox_id]
+    assert state.running() == []
+
+
+async def test_create_cancelled_before_its_request_left_boots_nothing(
+    config: E2BConfig, state: FakeState
+) -> None:
+    state.create_delay = 0.3
+    backend = E2BBackend(dataclasses.replace(config, max_concurrent_boots=1))
+    first = asyncio.create_task(backend.create(SandboxSpec()))
+    await _until(lambda: state.creating == 1, "the first boot is under way")
+    queued = asyncio.create_task(backend.create(SandboxSpec()))
+    await asyncio.sleep(0.05)  # waiting for a boot slot, nothing sent yet
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    async with await first:
+        pass
+    assert len(state.create_requests) == 1  # no request, so nothing to reap
+
+
+async def test_create_cancelled_while_preparing_the_workspace_kills_the_sandbox(
+    config: E2BConfig, state: FakeState, tmp_path: Path
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.txt").write_text("a\n")
+    state.envd_delay = 0.3  # the sandbox is up; its workspace is slow to prepare
+    spec = SandboxSpec(workspace=DirectoryWorkspace(source))
+    creating = asyncio.create_task(E2BBackend(config).create(spec))
+    await _until(lambda: state.sandboxes, "the sandbox is booted")
+    await asyncio.sleep(0.1)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    (sandbox_id,) = state.sandboxes
+    assert state.killed_sandboxes == [sandbox_id]
+    assert not list(tmp_path.glob("e2b-sandbox-*"))
+
+
+async def test_a_boot_given_up_on_is_reaped_once_it_finishes(
+    config: E2BConfig, state: FakeState
+) -> None:
+    # Every attempt outlives our deadline or finds the first one still in progress (409).
+    state.create_delay = 0.6
+    slow = dataclasses.replace(config, boot_timeout=0.2, reap_timeout=10.0)
+    with pytest.raises(SandboxBootError, match="after 3 attempts"):
+        await E2BBackend(slow).create(SandboxSpec())
+    (key,) = set(state.idempotency_keys)
+    assert state.killed_sandboxes == [state.booted_with(key).sandbox_id]
+    assert state.running() == []
+
+
+@pytest.mark.parametrize("moment", ["before the request is sent", "while E2B kills"])
+async def test_a_cancelled_close_still_kills_before_it_reraises(
+    config: E2BConfig, state: FakeState, moment: str
+) -> None:
+    sandbox = await E2BBackend(config).create(SandboxSpec())
+    marker = unique_sleep()
+    await sandbox.start(f"sleep {marker}")
+    await wait_for_process(marker)
+    state.kill_delay = 0.3
+    closing = asyncio.create_task(sandbox.close())
+    if moment == "before the request is sent":
+        await asyncio.sleep(0)
+    else:
+        await _until(lambda: state.delete_requests, "the DELETE arrived")
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert state.killed_sandboxes == [sandbox.sandbox_id]
+    assert host_pids_with(marker) == []
+    await sandbox.close()  # idempotent: no second DELETE
+    assert state.delete_requests == [sandbox.sandbox_id]
+
+
+@pytest.mark.parametrize(
+    ("call", "moment"),
+    [
+        ("exec", "while envd reports its start"),
+        ("exec", "while it runs"),
+        # A started process outlives start() by design; only its start can be cancelled.
+        ("start", "while envd reports its start"),
+    ],
+)
+async def test_a_cancelled_command_is_killed_before_the_cancellation_surfaces(
+    box: E2BSandbox, state: FakeState, call: str, moment: str
+) -> None:
+    if moment == "while envd reports its start":
+        state.start_delay = 0.5
+    marker = unique_sleep()
+    launch = box.exec if call == "exec" else box.start
+    running = asyncio.create_task(launch(f"sleep {marker}"))
+    await wait_for_process(marker)
+    if moment == "while it runs":
+        await asyncio.sleep(0.3)  # the start event has long reached us: exec is waiting
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert host_pids_with(marker) == []

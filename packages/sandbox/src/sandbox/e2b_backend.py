@@ -13,6 +13,11 @@ command's process group inside the sandbox and report exit 137 with `timed_out=T
 
 envd reports a process killed by a signal as exit code -1 with error "signal: killed"; that
 becomes 128 + signal number, as a shell would report it.
+
+Nothing is left running when `create` or `close` ends, also when either is cancelled: a boot
+abandoned while E2B may still be creating its sandbox is reaped through its idempotency key,
+and the kill of `close` finishes in its own task before the cancellation is passed on.
+docs/e2b.md says what E2B isolates and what this backend adds.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from sandbox.errors import (
     SandboxBootError,
@@ -49,6 +55,7 @@ from sandbox.retry import RetryPolicy
 from sandbox.spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
+    ForwardedEndpoint,
     ResourceLimits,
     SandboxSpec,
     validate_env,
@@ -58,6 +65,12 @@ if TYPE_CHECKING:
     from e2b import AsyncSandbox
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: Every IPv4 address, as E2B's egress lists spell "everything".
+_ALL_TRAFFIC = "0.0.0.0/0"
+_MIN_POLL_DELAY = 0.05
 
 _SIGNAL_EXIT = re.compile(r"^signal: (.+)$")
 # Go's names for signals (os.Signal.String()) as envd reports them.
@@ -91,6 +104,10 @@ class E2BConfig:
     sandbox_timeout: int = 3600
     request_timeout: float = 30.0
     boot_timeout: float = 120.0
+    reap_timeout: float = 120.0
+    """How long a boot we abandoned (cancelled, or out of attempts) is waited for, so that the
+    sandbox E2B may still be creating for it can be killed; past that it ends at
+    `sandbox_timeout`."""
     boot_retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_concurrent_boots: int = 8
     """Creates in flight at once per backend: a burst of hundreds of episodes must not hit the
@@ -125,6 +142,62 @@ def _import_sdk() -> Any:
     return e2b
 
 
+_UNFINISHED: set[asyncio.Future[Any]] = set()
+"""Cleanup tasks whose waiter was cancelled twice: referenced here until they end."""
+
+
+async def _finish_despite_cancellation(work: Awaitable[_T]) -> _T:
+    """Await `work` to its end even if the caller is cancelled meanwhile, then re-raise that.
+
+    Killing a remote sandbox must not stop halfway because an episode was cancelled (its
+    timeout expired, its task group unwound): a sandbox nobody holds runs, and is billed, until
+    E2B's own lifetime limit. The work runs in its own task; a second cancellation of the
+    caller stops only the waiting, never the work.
+    """
+    task = asyncio.ensure_future(work)
+    _UNFINISHED.add(task)
+    task.add_done_callback(_UNFINISHED.discard)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(task)
+        raise
+
+
+async def _kill_sdk_sandbox(sdk_sandbox: AsyncSandbox, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(sdk_sandbox.kill(), timeout)
+    except Exception as error:
+        logger.warning(
+            "E2B kill of sandbox %s failed (%r); it ends at its own timeout",
+            sdk_sandbox.sandbox_id,
+            error,
+        )
+
+
+def _poll_delays(policy: RetryPolicy) -> Iterator[float]:
+    """Endless waits between polls of E2B: the retry policy's backoff, never below 50 ms."""
+    delay = max(policy.initial_delay, _MIN_POLL_DELAY)
+    while True:
+        yield delay
+        delay = min(delay * policy.multiplier, max(policy.max_delay, _MIN_POLL_DELAY))
+
+
+def _network_options(network: ForwardedEndpoint | None) -> dict[str, Any]:
+    """Egress: nothing, or the forwarded endpoint's host only. Ingress: E2B's public sandbox
+    URLs answer only requests carrying the sandbox's traffic token, which nobody is given."""
+    if network is None:
+        return {"allow_internet_access": False, "network": {"allow_public_traffic": False}}
+    return {
+        "network": {
+            "allow_out": [network.host],
+            "deny_out": [_ALL_TRAFFIC],
+            "allow_public_traffic": False,
+        }
+    }
+
+
 class E2BBackend:
     """Creates E2B sandboxes."""
 
@@ -154,33 +227,23 @@ class E2BBackend:
         return params
 
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        """Boot a sandbox and prepare its workspace; on any failure or cancellation, kill it."""
         _check_supported(spec)
         create_kwargs: dict[str, Any] = {
             "template": self.config.template,
             "timeout": self.config.sandbox_timeout,
             "idempotency_key": str(uuid.uuid4()),
+            **_network_options(spec.network),
             **self._api_params(),
         }
         if self.config.metadata:
             create_kwargs["metadata"] = dict(self.config.metadata)
         endpoint_url = None
-        if spec.network is None:
-            create_kwargs["allow_internet_access"] = False
-        else:
-            create_kwargs["network"] = {
-                "allow_out": [spec.network.host],
-                "deny_out": ["0.0.0.0/0"],
-            }
+        if spec.network is not None:
             endpoint_url = f"http://{spec.network.host}:{spec.network.port}"
         sdk_sandbox = await self._boot(create_kwargs)
-        output_dir = Path(tempfile.mkdtemp(prefix="e2b-sandbox-", dir=self.config.output_root))
         sandbox = E2BSandbox(
-            sdk_sandbox,
-            self._e2b,
-            config=self.config,
-            env=spec.env,
-            endpoint_url=endpoint_url,
-            output_dir=output_dir,
+            sdk_sandbox, self._e2b, config=self.config, env=spec.env, endpoint_url=endpoint_url
         )
         try:
             await sandbox._prepare_workspace(spec)
@@ -189,30 +252,91 @@ class E2BBackend:
             raise
         return sandbox
 
+    @property
+    def _refusals(self) -> tuple[type[Exception], ...]:
+        return (self._e2b.AuthenticationException, self._e2b.InvalidArgumentException)
+
     async def _boot(self, create_kwargs: dict[str, Any]) -> AsyncSandbox:
-        fatal = (self._e2b.AuthenticationException, self._e2b.InvalidArgumentException)
+        """`AsyncSandbox.create` with our deadline and retries (all under one idempotency key).
+
+        When we abandon the boot (cancelled, or out of attempts) after a request whose outcome
+        we never learnt, E2B may still be creating that sandbox: it is reaped before we return.
+        """
         delays = self.config.boot_retry.delays()
         attempt = 0
+        may_have_booted = False
+        try:
+            while True:
+                attempt += 1
+                try:
+                    async with self._boots:
+                        try:
+                            created: AsyncSandbox = await asyncio.wait_for(
+                                self._e2b.AsyncSandbox.create(**create_kwargs),
+                                self.config.boot_timeout,
+                            )
+                        except asyncio.CancelledError:
+                            may_have_booted = True  # E2B may finish this boot all the same
+                            raise
+                    return created
+                except self._refusals as error:
+                    raise SandboxBootError(f"E2B refused to create a sandbox: {error}") from error
+                except Exception as error:
+                    may_have_booted = may_have_booted or self._may_have_booted(error)
+                    delay = next(delays, None)
+                    if delay is None:
+                        raise SandboxBootError(
+                            f"E2B sandbox failed to boot after {attempt} attempts: {error!r}"
+                        ) from error
+                    logger.warning(
+                        "E2B boot attempt %d failed (%r); retrying in %.2fs", attempt, error, delay
+                    )
+                    await asyncio.sleep(delay)
+        except BaseException:
+            if may_have_booted:
+                await _finish_despite_cancellation(self._reap(create_kwargs))
+            raise
+
+    def _may_have_booted(self, error: Exception) -> bool:
+        """Whether a failed create may still leave a sandbox: it got no answer (our deadline,
+        a dropped connection) or E2B answered that the key's boot is still in progress (409)."""
+        if isinstance(error, self._e2b.RateLimitException | self._e2b.ServiceBusyException):
+            return False
+        status = getattr(error, "status_code", None)
+        return status is None or status == HTTPStatus.CONFLICT
+
+    async def _reap(self, create_kwargs: dict[str, Any]) -> None:
+        """Kill whatever sandbox an abandoned boot left, found through its idempotency key.
+
+        Repeating the request with the same key is answered with the sandbox that key booted
+        (409 while that boot is still under way, which we wait out), or boots one if no request
+        of ours ever arrived; either way the answer is killed. Tried with backoff for
+        `reap_timeout`; after that the sandbox ends at its own `sandbox_timeout`.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.reap_timeout
+        delays = _poll_delays(self.config.boot_retry)
         while True:
-            attempt += 1
             try:
                 async with self._boots:
-                    created: AsyncSandbox = await asyncio.wait_for(
-                        self._e2b.AsyncSandbox.create(**create_kwargs), self.config.boot_timeout
+                    sdk_sandbox: AsyncSandbox = await asyncio.wait_for(
+                        self._e2b.AsyncSandbox.create(**create_kwargs),
+                        max(deadline - loop.time(), 0.0),
                     )
-                return created
-            except fatal as error:
-                raise SandboxBootError(f"E2B refused to create a sandbox: {error}") from error
             except Exception as error:
-                delay = next(delays, None)
-                if delay is None:
-                    raise SandboxBootError(
-                        f"E2B sandbox failed to boot after {attempt} attempts: {error!r}"
-                    ) from error
-                logger.warning(
-                    "E2B boot attempt %d failed (%r); retrying in %.2fs", attempt, error, delay
-                )
+                delay = next(delays)
+                if isinstance(error, self._refusals) or loop.time() + delay >= deadline:
+                    logger.warning(
+                        "could not reap the E2B boot %s (%r); its sandbox, if any, ends at its "
+                        "own timeout",
+                        create_kwargs["idempotency_key"],
+                        error,
+                    )
+                    return
                 await asyncio.sleep(delay)
+                continue
+            await _kill_sdk_sandbox(sdk_sandbox, self.config.kill_timeout)
+            return
 
 
 def _check_supported(spec: SandboxSpec) -> None:
@@ -333,6 +457,14 @@ class _Command:
         self.stderr.close()
 
 
+async def _kill_once_started(starting: asyncio.Future[_Command]) -> None:
+    try:
+        command = await starting
+    except Exception:
+        return  # it never started
+    await command.kill()
+
+
 class E2BProcess:
     """A detached command in an E2B sandbox; output streams into host files."""
 
@@ -371,17 +503,16 @@ class E2BSandbox:
         config: E2BConfig,
         env: Mapping[str, str],
         endpoint_url: str | None,
-        output_dir: Path,
     ) -> None:
         self._sdk = sdk_sandbox
         self._e2b = e2b_module
         self._config = config
         self._env = dict(env)
         self._endpoint_url = endpoint_url
-        self._output_dir = output_dir
+        self._output_dir: Path | None = None
         self._processes: list[_Command] = []
         self._closed = False
-        self._close_lock = asyncio.Lock()
+        self._release: asyncio.Future[None] | None = None
 
     @property
     def sandbox_id(self) -> str:
@@ -423,18 +554,34 @@ class E2BSandbox:
         env: Mapping[str, str] | None,
         paths: tuple[Path | None, Path | None],
     ) -> _Command:
+        """Start `cmd` inside. A cancelled launch still waits for envd's answer and kills what
+        it started: the command may already be running, and nobody would ever hold its handle."""
         if self._closed:
             raise SandboxClosedError("sandbox is closed")
         merged = {**self._env, **(env or {})}
         validate_env(merged)
-        stdout, stderr = _OutputSink(paths[0]), _OutputSink(paths[1])
         directory = self._resolve(cwd) if cwd is not None else self.workspace
+        starting = asyncio.ensure_future(self._start_command(cmd, merged, directory, paths))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            await _finish_despite_cancellation(_kill_once_started(starting))
+            raise
+
+    async def _start_command(
+        self,
+        cmd: str,
+        envs: dict[str, str],
+        directory: str,
+        paths: tuple[Path | None, Path | None],
+    ) -> _Command:
+        stdout, stderr = _OutputSink(paths[0]), _OutputSink(paths[1])
         try:
             handle = await asyncio.wait_for(
                 self._sdk.commands.run(
                     cmd,
                     background=True,
-                    envs=merged,
+                    envs=envs,
                     cwd=directory,
                     on_stdout=stdout,
                     on_stderr=stderr,
@@ -462,7 +609,7 @@ class E2BSandbox:
         try:
             return await command.wait(timeout)
         except asyncio.CancelledError:
-            await asyncio.shield(command.kill())
+            await _finish_despite_cancellation(command.kill())
             raise
 
     async def start(
@@ -472,6 +619,10 @@ class E2BSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> E2BProcess:
+        if self._output_dir is None:
+            self._output_dir = Path(
+                tempfile.mkdtemp(prefix="e2b-sandbox-", dir=self._config.output_root)
+            )
         stem = self._output_dir / uuid.uuid4().hex
         command = await self._launch(
             cmd, cwd, env, (stem.with_suffix(".out"), stem.with_suffix(".err"))
@@ -519,23 +670,24 @@ class E2BSandbox:
             raise SandboxCommandError(f"writing {target} failed: {error}") from error
 
     async def close(self) -> None:
-        async with self._close_lock:
-            if self._closed:
-                return
+        """Kill the sandbox and drop what we hold of it; idempotent.
+
+        The work runs once, in its own task: a cancelled `close` waits for it to finish and then
+        re-raises the cancellation, so the kill request is never the part that gets dropped.
+        """
+        if self._release is None:
             self._closed = True
-            try:
-                await asyncio.wait_for(self._sdk.kill(), self._config.kill_timeout)
-            except Exception as error:
-                logger.warning(
-                    "E2B kill of sandbox %s failed (%r); it ends at its own timeout",
-                    self.sandbox_id,
-                    error,
-                )
-            for command in self._processes:
-                with contextlib.suppress(Exception):
-                    await command.handle.disconnect()
-                command.stdout.close()
-                command.stderr.close()
+            self._release = asyncio.ensure_future(self._kill_and_release())
+        await _finish_despite_cancellation(self._release)
+
+    async def _kill_and_release(self) -> None:
+        await _kill_sdk_sandbox(self._sdk, self._config.kill_timeout)
+        for command in self._processes:
+            with contextlib.suppress(Exception):
+                await command.handle.disconnect()
+            command.stdout.close()
+            command.stderr.close()
+        if self._output_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._output_dir, True)
 
     async def __aenter__(self) -> Self:
