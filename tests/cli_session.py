@@ -1,18 +1,21 @@
 """One real agent CLI session through the real adapter, and what must hold afterwards.
 
 The CLI runs on the host against ``local_stack`` (real tokenizer, template, server and SGLang
-client; the engine double behind them) with exactly the settings harness builds for a sandbox:
-fresh HOME (and CODEX_HOME), quiet and offline variables, the session token as API key, a model
-name the CLI does not know and the compaction window set to the engine's context length.
+client; the engine double behind them, its script a :class:`ScriptedModel` that reads each
+prompt) with exactly the settings harness builds for a sandbox: fresh HOME (and CODEX_HOME),
+quiet and offline variables, the session token as API key, a model name the CLI does not know
+and the compaction settings harness derives from the engine's context length. A recording relay
+sits between the CLI and the adapter so a test can see every refusal the CLI got.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Generic, TypeVar
 
 from harness import AgentEndpoint, EventStats, Harness, InstalledCli
 from harness.events import summarize_lines
@@ -20,15 +23,25 @@ from protocol_adapters.rendering.renderer import RendererConfig
 from protocol_adapters.server.config import AdapterConfig
 from protocol_adapters.server.sessions import SessionLimits
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
-from trajectory_tree import FinishReason, LossReason, SessionTree, linearize, render_tree
+from trajectory_tree import (
+    FinishReason,
+    Linearization,
+    LossReason,
+    SessionTree,
+    Turn,
+    linearize,
+    render_tree,
+)
 
 from .host_cli import HostRun, run_on_host
+from .reading import ScriptedModel
+from .recording_proxy import RecordingProxy
 from .scripted_agent import ALL_COMMANDS, FINAL_ANSWER, STEPS, ShellSessionAgent
 from .trust_checks import assert_engine_tokens_trained, assert_outputs_are_generations
 
 ENGINE_CONTEXT = 32768
-"""The engine double's context length: the adapter's limit and the CLI's compaction window."""
+"""The engine double's default context length: the adapter's limit, from which harness derives
+the CLI's compaction settings."""
 POLICY_MODEL = "policy-under-training"
 """A model name neither CLI knows (a known name changes their behaviour: see the harness's
 docs/clients.md)."""
@@ -42,49 +55,62 @@ def engine_logprob(position: int, token_id: int) -> float:
     return -(1 + (token_id * 7 + position) % 50) / 64
 
 
+ModelT = TypeVar("ModelT", bound=ScriptedModel)
+
+
 @dataclass(frozen=True, slots=True)
-class CliSession:
+class CliSession(Generic[ModelT]):
     harness: Harness
     run: HostRun
     events: EventStats
     stack: LocalStack
     tree: SessionTree
-    agent: ShellSessionAgent
+    agent: ModelT
     workdir: Path
+    proxy: RecordingProxy
 
 
 async def run_cli_session(
-    harness: Harness, installed: InstalledCli, vocabulary: Vocabulary, tmp_path: Path
-) -> CliSession:
-    agent = ShellSessionAgent(vocabulary)
-    config = AdapterConfig(limits=SessionLimits(context_tokens=ENGINE_CONTEXT))
+    harness: Harness,
+    installed: InstalledCli,
+    agent: ModelT,
+    tmp_path: Path,
+    *,
+    task: str = TASK,
+    context: int = ENGINE_CONTEXT,
+) -> CliSession[ModelT]:
+    """Run the CLI once on ``task``, against an engine of ``context`` tokens that ``agent``
+    scripts."""
+    config = AdapterConfig(limits=SessionLimits(context_tokens=context))
     workdir = tmp_path / "work"
     workdir.mkdir()
     async with local_stack(
         agent,
         tokenizer_cache=tmp_path,  # unused: the vocabulary is given
-        vocabulary=vocabulary,
+        vocabulary=agent.vocabulary,
         config=config,
         renderer_config=RendererConfig(check_sample_rate=1.0),
         logprob=engine_logprob,
+        engine_context_length=context,
     ) as stack:
-        assert stack.double.context_length == ENGINE_CONTEXT
+        assert stack.double.context_length == context
         session = stack.server.sessions.open(f"{harness.name}-host")
-        endpoint = AgentEndpoint(
-            base_url=stack.server.url,
-            token=session.token,
-            model=POLICY_MODEL,
-            context_window=ENGINE_CONTEXT,
-        )
-        plan = harness.launch(
-            bin_path=PurePosixPath(installed.bin_path),
-            endpoint=endpoint,
-            task=TASK,
-            state_dir=PurePosixPath(tmp_path / "state"),
-        )
-        run = await run_on_host(plan, workdir, CLI_TIMEOUT)
+        async with RecordingProxy(stack.server.url) as proxy:
+            endpoint = AgentEndpoint(
+                base_url=proxy.url,
+                token=session.token,
+                model=POLICY_MODEL,
+                context_window=context,
+            )
+            plan = harness.launch(
+                bin_path=PurePosixPath(installed.bin_path),
+                endpoint=endpoint,
+                task=task,
+                state_dir=PurePosixPath(tmp_path / "state"),
+            )
+            run = await run_on_host(plan, workdir, tmp_path / "tmp", CLI_TIMEOUT)
     events = summarize_lines(run.stdout.splitlines(), harness.new_tally())
-    return CliSession(harness, run, events, stack, session.tree, agent, workdir)
+    return CliSession(harness, run, events, stack, session.tree, agent, workdir, proxy)
 
 
 def codex_notices(stdout: bytes) -> list[str]:
@@ -100,19 +126,46 @@ def codex_notices(stdout: bytes) -> list[str]:
 
 
 @contextlib.contextmanager
-def explained(done: CliSession) -> Iterator[None]:
-    """On a failed assertion, show the session tree and the CLI's output."""
+def explained(done: CliSession[ModelT]) -> Iterator[None]:
+    """On a failed assertion, show the session tree, the refusals and the CLI's output."""
     try:
         yield
     except AssertionError as error:
         picture = render_tree(done.tree, width=110)
         raise AssertionError(
             f"{error}\n\n{picture}\n\nscript problems: {done.agent.problems}\n"
-            f"{done.harness.name}: {done.run.describe()}"
+            f"refusals: {done.proxy.refusals}\n{done.harness.name}: {done.run.describe()}"
         ) from error
 
 
-def assert_shell_session_recorded(done: CliSession) -> None:
+def chain(tree: SessionTree, turn: Turn) -> list[int]:
+    """The ids of the turns on ``turn``'s path: the branch it continues, itself included."""
+    return [n.turn.id for n in tree.node(turn.node).path() if n.turn is not None]
+
+
+def assert_trained_once_as_generated(done: CliSession[ModelT]) -> Linearization:
+    """The trust property over the whole tree, whatever its branches: each turn's prompt is what
+    the engine received, each generated token is trained exactly once with its logprob, and the
+    output of each turn is what the double generated for that prompt; every turn was bridged
+    and checked against a full render without a mismatch."""
+    tree = done.tree
+    lin = linearize(tree)
+    assert lin.exclusions == ()
+    assert all(t.finish_reason is FinishReason.STOP for t in tree.turns)
+    assert_engine_tokens_trained(done.stack, tree, lin)
+    assert_outputs_are_generations(done.stack, tree, done.agent.replies)
+    stats = done.stack.renderer.stats
+    assert stats.mismatches == 0
+    assert stats.checked == len(tree.turns)
+    return lin
+
+
+def samples_by_leaf_turn(lin: Linearization) -> dict[int, Sequence[int]]:
+    """Each sample's trained turns, keyed by the last one (the branch's leaf)."""
+    return {sample.trained_turns[-1]: sample.trained_turns for sample in lin.samples}
+
+
+def assert_shell_session_recorded(done: CliSession[ShellSessionAgent]) -> None:
     """The CLI ran every scripted command and finished cleanly, and the adapter recorded the
     session as one bridged chain whose trained tokens are exactly the engine's."""
     assert done.run.returncode == 0

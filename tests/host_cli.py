@@ -1,9 +1,11 @@
 """Run a harness's launch plan as a plain host process: the same argv, environment and files
 the harness would use in a sandbox, without the sandbox (that is harness's own end-to-end).
 
-The environment is built from nothing but ``PATH`` and a UTF-8 locale plus the plan's own
-variables, so nothing from the developer's shell (API keys, proxies, a real HOME) can reach the
-CLI. The CLI runs in its own process group, which is killed if it outlives its timeout.
+The environment is built from nothing but ``PATH``, a UTF-8 locale and a private ``TMPDIR``
+plus the plan's own variables, so nothing from the developer's shell (API keys, proxies, a real
+HOME) can reach the CLI, and what it writes to its temporary directory (Claude Code keeps its
+background tasks' transcripts and sockets there) stays with the test. The CLI runs in its own
+process group, which is killed if it outlives its timeout.
 """
 
 from __future__ import annotations
@@ -34,16 +36,21 @@ class HostRun:
         )
 
 
-def host_environment(plan: Launch) -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
+def host_environment(plan: Launch, tmpdir: Path) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "TMPDIR": str(tmpdir),
+    }
     for name in plan.unset_env:
         env.pop(name, None)
     env.update(plan.env)
     return env
 
 
-async def run_on_host(plan: Launch, cwd: Path, timeout: float) -> HostRun:
+async def run_on_host(plan: Launch, cwd: Path, tmpdir: Path, timeout: float) -> HostRun:
     """Create the plan's dirs and files, run its argv in ``cwd`` with stdin from /dev/null."""
+    tmpdir.mkdir(parents=True, exist_ok=True)
     for directory in plan.dirs:
         Path(directory).mkdir(parents=True, exist_ok=True)
     for path, text in plan.files.items():
@@ -52,7 +59,7 @@ async def run_on_host(plan: Launch, cwd: Path, timeout: float) -> HostRun:
     process = await asyncio.create_subprocess_exec(
         *plan.argv,
         cwd=cwd,
-        env=host_environment(plan),
+        env=host_environment(plan, tmpdir),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -9,17 +9,12 @@ answer to its own call).
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from protocol_adapters.testing import ScriptedReply
-from protocol_adapters.tokenizer import Vocabulary
 
-ASSISTANT_HEADER = "<|im_start|>assistant\n"
-_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
-_COMMAND_ARGUMENTS = ("command", "cmd")
+from .reading import Prompt, ScriptedModel, ShellTool
+
 FINAL_ANSWER = "All three marker files are written."
 FIRST_REASONING = "The task needs three files; start with the first."
 
@@ -41,84 +36,25 @@ STEPS: tuple[tuple[Command, ...], ...] = (
 ALL_COMMANDS = tuple(command for step in STEPS for command in step)
 
 
-@dataclass(frozen=True, slots=True)
-class ShellTool:
-    """A function tool that runs one shell command line, held in the string ``argument``."""
-
-    name: str
-    argument: str
-
-    def call(self, command: Command) -> tuple[str, dict[str, object]]:
-        return self.name, {self.argument: command.line}
-
-
-def offered_tools(prompt_text: str) -> list[Mapping[str, object]]:
-    """The function specs the Qwen3-style template wrote into the system turn, one per line."""
-    block = _TOOLS_BLOCK.search(prompt_text)
-    if block is None:
-        return []
-    specs: list[Mapping[str, object]] = []
-    for line in block.group(1).split("\n"):
-        spec = json.loads(line)
-        function = spec.get("function", spec)
-        if isinstance(function, dict):
-            specs.append(function)
-    return specs
-
-
-def find_shell_tool(tools: Sequence[Mapping[str, object]]) -> ShellTool | None:
-    """The tool whose only required argument is a command-line string (``command``/``cmd``).
-
-    A call then satisfies its schema with that one argument, whatever the CLI named the tool.
-    """
-    for tool in tools:
-        schema = tool.get("parameters")
-        name = tool.get("name")
-        if not isinstance(schema, dict) or not isinstance(name, str):
-            continue
-        properties = schema.get("properties")
-        required = schema.get("required")
-        if not isinstance(properties, dict) or not isinstance(required, list):
-            continue
-        if len(required) == 1 and required[0] in _COMMAND_ARGUMENTS:
-            spec = properties.get(required[0])
-            if isinstance(spec, dict) and spec.get("type") == "string":
-                return ShellTool(name, required[0])
-    return None
-
-
 @dataclass(slots=True)
-class ShellSessionAgent:
-    """The engine double's script (a callable of each request's prompt ids).
+class ShellSessionAgent(ScriptedModel):
+    """Plays the session above; ``shell_tools`` records the shell tool each step found."""
 
-    ``replies`` keeps every (prompt ids, reply) so a test can recompute what the double
-    generated; ``problems`` collects what a real model could not have worked with (no shell
-    tool offered, more requests than the session has steps); the test asserts it is empty.
-    """
-
-    vocabulary: Vocabulary
-    replies: list[tuple[tuple[int, ...], ScriptedReply]] = field(default_factory=list)
     shell_tools: list[ShellTool] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
 
-    def __call__(self, input_ids: Sequence[int]) -> ScriptedReply:
-        reply = self._reply(self.vocabulary.decode(list(input_ids)))
-        self.replies.append((tuple(input_ids), reply))
-        return reply
-
-    def _reply(self, prompt: str) -> ScriptedReply:
-        step = prompt.count(ASSISTANT_HEADER) - 1  # earlier replies; the last header is ours
+    def answer(self, prompt: Prompt) -> ScriptedReply:
+        step = prompt.replies_so_far
         if step == len(STEPS):
             return ScriptedReply(text=FINAL_ANSWER)
         if step > len(STEPS):
-            self.problems.append(f"request with {step} earlier replies: the session was over")
-            return ScriptedReply(text=FINAL_ANSWER)
-        tool = find_shell_tool(offered_tools(prompt))
+            return self.problem(
+                f"request with {step} earlier replies: the session was over", FINAL_ANSWER
+            )
+        tool = prompt.shell_tool
         if tool is None:
-            self.problems.append(f"step {step}: no shell tool among the offered tools")
-            return ScriptedReply(text="I have no shell tool.")
+            return self.problem(f"step {step}: no shell tool among the offered tools")
         self.shell_tools.append(tool)
-        calls = [tool.call(command) for command in STEPS[step]]
+        calls = [tool.call(command.line) for command in STEPS[step]]
         if step == 0:
             return ScriptedReply(
                 reasoning=FIRST_REASONING,

@@ -14,13 +14,14 @@ from harness import ClaudeCode, InstalledCli
 from protocol_adapters.tokenizer import Vocabulary
 
 from .cli_session import assert_shell_session_recorded, explained, run_cli_session
-from .scripted_agent import FIRST_REASONING
+from .scripted_agent import FIRST_REASONING, ShellSessionAgent
 
 
 async def test_claude_code_tool_session_trains_exactly_engine_tokens(
     tmp_path: Path, claude_code_cli: InstalledCli, qwen_vocabulary: Vocabulary
 ) -> None:
-    done = await run_cli_session(ClaudeCode(), claude_code_cli, qwen_vocabulary, tmp_path)
+    agent = ShellSessionAgent(qwen_vocabulary)
+    done = await run_cli_session(ClaudeCode(), claude_code_cli, agent, tmp_path)
     with explained(done):
         assert_shell_session_recorded(done)
         assert [tool.name for tool in done.agent.shell_tools] == ["Bash", "Bash"]

@@ -19,7 +19,7 @@ from .cli_session import (
     explained,
     run_cli_session,
 )
-from .scripted_agent import FIRST_REASONING
+from .scripted_agent import FIRST_REASONING, ShellSessionAgent
 
 UNKNOWN_MODEL_NOTICE = (
     "Model metadata for `{}` not found. Defaulting to fallback metadata; "
@@ -30,7 +30,8 @@ UNKNOWN_MODEL_NOTICE = (
 async def test_codex_tool_session_trains_exactly_engine_tokens(
     tmp_path: Path, codex_cli: InstalledCli, qwen_vocabulary: Vocabulary
 ) -> None:
-    done = await run_cli_session(Codex(), codex_cli, qwen_vocabulary, tmp_path)
+    agent = ShellSessionAgent(qwen_vocabulary)
+    done = await run_cli_session(Codex(), codex_cli, agent, tmp_path)
     with explained(done):
         assert_shell_session_recorded(done)
         turns = done.tree.turns

@@ -134,7 +134,7 @@ def test_codex_config_toml_is_a_custom_responses_provider() -> None:
 
 
 @given(
-    model=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1).filter(
+    model=st.text(st.characters(codec="utf-8"), min_size=1).filter(
         lambda s: s.strip() and "\0" not in s and "\n" not in s
     )
 )

@@ -14,7 +14,8 @@ import pytest
 from harness import AgentEndpoint, AgentRun, ClaudeCode, CliMount, Codex, Harness, InstalledCli
 from harness.errors import LaunchError
 from harness.testing import RecordingEndpoint
-from sandbox.local import LocalBackend, LocalConfig, LocalSandbox
+from sandbox.local import LocalBackend, LocalConfig
+from sandbox.protocol import Sandbox
 from sandbox.result import KILLED_EXIT_CODE
 from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
 
@@ -43,7 +44,7 @@ def agent(
 
 @dataclass
 class Setup:
-    box: LocalSandbox
+    box: Sandbox
     mount: CliMount
     endpoint: AgentEndpoint
     server: RecordingEndpoint
