@@ -81,7 +81,7 @@ def test_same_ids_as_tiktoken_on_any_text(
 
 
 def test_decode_then_reencode_changes_ids(qwen: Vocabulary) -> None:
-    """ARCHITECTURE.md's measurement: re-tokenizing generated text is never safe."""
+    """Re-tokenizing generated text is never safe: decoded and encoded again, ids change."""
     rng = random.Random(20261120)
     changed = 0
     for _ in range(200):

@@ -1,6 +1,6 @@
 """Anthropic Messages (``POST /v1/messages``): requests in, messages and SSE events out.
 
-Accepts everything Claude Code sends (see CLIENTS.md): system text blocks with
+Accepts everything Claude Code sends (packages/harness/docs/clients.md): system text blocks with
 ``cache_control`` (ignored), ``role: "system"`` entries inside ``messages``, thinking blocks with
 signatures, re-serialized ``tool_use`` inputs, parallel ``tool_result`` blocks in completion
 order, ``context_management`` and ``output_config`` (accepted and ignored; their names are kept
