@@ -21,7 +21,7 @@ from harness import AgentEndpoint, EventStats, Harness, InstalledCli
 from harness.events import summarize_lines
 from protocol_adapters.rendering.renderer import RendererConfig
 from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.server.sessions import Session, SessionLimits
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from trajectory_tree import (
     FinishReason,
@@ -64,10 +64,14 @@ class CliSession(Generic[ModelT]):
     run: HostRun
     events: EventStats
     stack: LocalStack
-    tree: SessionTree
+    session: Session
     agent: ModelT
     workdir: Path
     proxy: RecordingProxy
+
+    @property
+    def tree(self) -> SessionTree:
+        return self.session.tree
 
 
 async def run_cli_session(
@@ -110,7 +114,7 @@ async def run_cli_session(
             )
             run = await run_on_host(plan, workdir, tmp_path / "tmp", CLI_TIMEOUT)
     events = summarize_lines(run.stdout.splitlines(), harness.new_tally())
-    return CliSession(harness, run, events, stack, session.tree, agent, workdir, proxy)
+    return CliSession(harness, run, events, stack, session, agent, workdir, proxy)
 
 
 def codex_notices(stdout: bytes) -> list[str]:

@@ -118,6 +118,8 @@ async def test_claude_code_on_a_small_engine_compacts_when_the_adapter_refuses(
             assert found is not None, refusal
             assert int(found[1]) > int(found[2]) == SMALL_ENGINE - 2
         assert max(t.prompt_length for t in done.tree.turns) <= SMALL_ENGINE - 2
+        # A refused call is no model call: the session's turn cap counts the answered ones.
+        assert done.session.answered == len(done.tree.turns)
 
 
 async def test_claude_code_compacts_on_reported_usage_before_any_refusal(
