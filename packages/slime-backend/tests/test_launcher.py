@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from slime_backend import BackendSettings, ConfigError
 from slime_backend.launcher import (
     GATE_HOOK,
-    GENERATE_FUNCTION,
     REWARD_HOOK,
     RunnerConfig,
     SlimeRunner,
@@ -73,7 +72,9 @@ def test_the_example_run_becomes_a_ray_job_running_slime_with_our_hooks(tmp_path
         }
     }
     flags = flag_values(list(plan.train_command[3:]))
-    assert flags["--custom-generate-function-path"] == [GENERATE_FUNCTION]
+    assert flags["--custom-generate-function-path"] == ["swe_rl.rollout.generate"]
+    assert flags["--sglang-tool-call-parser"] == ["qwen25"]
+    assert flags["--sglang-reasoning-parser"] == ["qwen3"]
     assert flags["--custom-reward-post-process-path"] == [REWARD_HOOK]
     assert flags["--rollout-sample-filter-path"] == [GATE_HOOK]
     assert flags["--router-policy"] == ["consistent_hashing"]
@@ -167,6 +168,7 @@ VARIANTS = {
         _set("data.shuffle", False),
     ),
     "Dr. GRPO, no KL": (_set("train.std_normalization", False), _set("train.kl_loss_coef", 0.0)),
+    "no reasoning parser": (_set("rollout.reasoning_parser", None),),
     "raw rewards": (
         _set("train.rewards_normalization", False),
         _set("train.advantage_estimator", "reinforce_plus_plus"),
@@ -230,14 +232,25 @@ BAD = [
     (_set("cluster.rollout_num_gpus_per_engine", 3), r"cluster\.rollout_num_gpus_per_engine:"),
     (_set("ray.env", {"PYTHONPATH": "/x"}), r"ray\.env: PYTHONPATH is set from slime\.dir"),
     (_set("ray.env", {"A": 1}), r"ray\.env\.A: expected a string, got int 1"),
-    (_set("episode.function", "run"), r"episode\.function: expected a dotted path"),
+    (_set("episode.generate", "run"), r"episode\.generate: expected a dotted path"),
+    (_set("episode.grace_s", 0), r"episode\.grace_s: must be a positive number"),
+    (_set("rollout.tool_call_parser", "llama3"), r"rollout\.tool_call_parser: 'llama3' is not"),
+    (_set("rollout.reasoning_parser", "kimi"), r"rollout\.reasoning_parser: 'kimi' is not"),
+    (_set("conversion.staleness.action", "drop"), r"conversion\.staleness\.action: expected"),
+    (
+        _set("conversion.staleness.max_version_span", -1),
+        r"conversion\.staleness\.max_version_span: must be 0 or more",
+    ),
+    (_set("adapter.port", 70000), r"adapter\.port: must be a TCP port"),
+    (_set("workers.mode", "slurm"), r"workers\.mode: expected one of 'local', 'ray'"),
+    (_set("workers.max_episodes_per_worker", 0), r"workers\.max_episodes_per_worker: must be"),
     (_set("conversion.reward_policy", "split"), r"conversion\.reward_policy: 'split' is not"),
     (_set("gates.max_zero_trainable_share", 2), r"gates\.max_zero_trainable_share: must be a"),
     (lambda d: d.pop("episode"), r"^[^:]+: episode: required setting is missing"),
     (_set("extra_args", ["--lr", "1e-5"]), r"extra_args\[0\]: --lr is already set by train\.lr"),
     (
         _set("extra_args", ["--custom-generate-function-path=x.y"]),
-        r"extra_args\[0\]: --custom-generate-function-path is already set by slime_backend",
+        r"extra_args\[0\]: --custom-generate-function-path is already set by episode\.generate",
     ),
     (_set("extra_args", ["--group-rm"]), r"extra_args\[0\]: --group-rm is not supported"),
     (_set("extra_args", ["--rollout-top-p", "0.9"]), r"extra_args\[0\]: --rollout-top-p is not"),
@@ -332,3 +345,17 @@ def test_the_readme_shows_the_real_dry_run() -> None:
     readme = (EXAMPLE.parent.parent / "README.md").read_text()
     shown = readme.split("The dry run of the example:\n\n```text\n")[1].split("```")[0]
     assert shown == out.getvalue()
+
+
+def test_the_generate_path_defaults_to_what_the_app_gives(tmp_path: Path) -> None:
+    data = example()
+    del data["episode"]["generate"]
+    path = tmp_path / "run.toml"
+    path.write_text(_to_toml(data))
+    runner = SlimeRunner.from_toml(path, generate_function="my_app.rollout.generate")
+    flags = flag_values(list(runner.plan().train_command[3:]))
+    assert flags["--custom-generate-function-path"] == ["my_app.rollout.generate"]
+    with pytest.raises(ConfigError, match=r"episode\.generate: required setting is missing"):
+        SlimeRunner.from_toml(path)
+    explicit = SlimeRunner.from_toml(EXAMPLE, generate_function="my_app.rollout.generate")
+    assert explicit.config.episode.generate == "swe_rl.rollout.generate"

@@ -8,9 +8,12 @@ dicts, lists, strings and numbers only: slime pickles samples across Ray and ``t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from trajectory_tree import Linearization, Sample, SessionSummary, SessionTree
 
 from .episode import EpisodeOutcome, JsonValue
+from .staleness import STALE_REASON
 
 
 def episode_record(
@@ -22,11 +25,13 @@ def episode_record(
     rollout_id: int,
     samples: int,
     trained_tokens: int,
+    extra: Mapping[str, JsonValue],
 ) -> dict[str, JsonValue]:
     """Facts about the whole episode, identical on each of its samples.
 
     ``samples`` and ``trained_tokens`` describe what slime gets (0 for an aborted episode, whatever
-    its tree holds); the tool-call counts cover every recorded turn, trained or not.
+    its tree holds); the tool-call counts cover every recorded turn, trained or not. ``extra``
+    adds the weight versions and how the episode was run.
     """
     return {
         "session_id": tree.session_id,
@@ -49,22 +54,34 @@ def episode_record(
             for e in linearization.exclusions
         ],
         "artifacts": dict(outcome.artifacts),
+        **extra,
     }
 
 
-def sample_record(sample: Sample, *, truncated_by: str | None) -> dict[str, JsonValue]:
-    """Facts about one sample: its branch, its turns, and a reason count for every masked token."""
-    trained = set(sample.trained_turns)
+def sample_record(
+    sample: Sample,
+    *,
+    truncated_by: str | None,
+    stale_turns: frozenset[int] = frozenset(),
+    stale_tokens: int = 0,
+) -> dict[str, JsonValue]:
+    """Facts about one sample: its branch, its turns, and a reason count for every masked token
+    (``stale_turns`` were generated here but masked by the staleness policy)."""
+    trained = set(sample.trained_turns) - stale_turns
     context_turns = sorted(
         {s.turn for s in sample.spans if s.turn is not None and s.turn not in trained}
     )
+    masked = {str(r): n for r, n in sample.masked_tokens().items()}
+    if stale_tokens:
+        masked[STALE_REASON] = stale_tokens
     return {
         "position": sample.index,
         "leaf_turn": sample.leaf_turn,
-        "trained_turns": list(sample.trained_turns),
+        "trained_turns": [t for t in sample.trained_turns if t in trained],
         "context_turns": context_turns,
+        "stale_turns": sorted(stale_turns),
         "prompt_tokens": sample.prompt_length,
-        "trained_tokens": sample.trained_tokens,
-        "masked_tokens": {str(r): n for r, n in sorted(sample.masked_tokens().items())},
+        "trained_tokens": sample.trained_tokens - stale_tokens,
+        "masked_tokens": dict(sorted(masked.items())),
         "truncated_by": truncated_by,
     }

@@ -10,9 +10,10 @@ checks the launcher applied.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .conversion import ConversionOptions
 from .gates import GateConfig
@@ -30,18 +31,33 @@ def check_dotted_path(name: str, value: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class EpisodeSettings:
-    """The app's :class:`~slime_backend.episode.Episode` and its budgets."""
+    """The app's generate function and the budgets of its episodes.
 
-    function: str
+    ``generate`` is the dotted path slime loads with ``--custom-generate-function-path``: the
+    app's module attribute made by :func:`slime_backend.generate.make_generate` from its
+    :class:`~slime_backend.episode.Episode`. ``wall_clock_s`` and ``max_turns`` are the agent's
+    budgets; an episode that has not returned ``grace_s`` after its wall clock (grading and
+    cleanup included) is cancelled and aborted.
+    """
+
+    generate: str
     wall_clock_s: float = 1800.0
     max_turns: int = 200
+    grace_s: float = 600.0
 
     def __post_init__(self) -> None:
-        check_dotted_path("function", self.function)
-        if self.wall_clock_s <= 0:
-            raise FieldError("wall_clock_s", f"must be positive, got {self.wall_clock_s}")
+        check_dotted_path("generate", self.generate)
+        for name in ("wall_clock_s", "grace_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise FieldError(name, f"must be a positive number of seconds, got {value}")
         if self.max_turns <= 0:
             raise FieldError("max_turns", f"must be positive, got {self.max_turns}")
+
+    @property
+    def deadline_s(self) -> float:
+        """How long the generate function waits for the episode's outcome."""
+        return self.wall_clock_s + self.grace_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +85,66 @@ class SandboxSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterSettings:
+    """The adapter the generate function starts in each rollout process.
+
+    ``host`` / ``port``: where agents reach it (127.0.0.1 and a free port by default: local
+    sandboxes forward that port). ``check_sample_rate``: the share of bridged turns proven
+    against a full render of the chat template. ``engine_connections``: pooled connections to
+    slime's router, one per concurrently generating turn.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    check_sample_rate: float = 0.01
+    engine_connections: int = 512
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise FieldError("port", f"must be a TCP port (0 picks a free one), got {self.port}")
+        if not 0.0 <= self.check_sample_rate <= 1.0:
+            raise FieldError(
+                "check_sample_rate",
+                f"must be a share between 0 and 1, got {self.check_sample_rate}",
+            )
+        if self.engine_connections < 1:
+            raise FieldError(
+                "engine_connections", f"must be positive, got {self.engine_connections}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Where episodes run.
+
+    ``local``: in slime's rollout process (one node's CPUs run every agent). ``ray``: one rollout
+    worker per node of the Ray cluster (only nodes holding ``node_resource``, when set), each with
+    its own adapter and sandboxes; every episode goes to the least-loaded worker, which runs at
+    most ``max_episodes_per_worker`` at once (unbounded when unset).
+    """
+
+    mode: Literal["local", "ray"] = "local"
+    node_resource: str | None = None
+    max_episodes_per_worker: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_episodes_per_worker is not None and self.max_episodes_per_worker < 1:
+            raise FieldError(
+                "max_episodes_per_worker", f"must be positive, got {self.max_episodes_per_worker}"
+            )
+        if self.node_resource is not None and not self.node_resource:
+            raise FieldError("node_resource", "must name a Ray resource")
+
+
+@dataclass(frozen=True, slots=True)
 class BackendSettings:
     episode: EpisodeSettings
     agent: AgentSettings
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     conversion: ConversionOptions = field(default_factory=ConversionOptions)
     gates: GateConfig = field(default_factory=GateConfig)
+    adapter: AdapterSettings = field(default_factory=AdapterSettings)
+    workers: WorkerSettings = field(default_factory=WorkerSettings)
 
     def custom_config(self) -> str:
         """The ``--custom-config-path`` file's text: JSON, which is also YAML (slime reads YAML)."""

@@ -2,7 +2,6 @@
 
 from .command import (
     GATE_HOOK,
-    GENERATE_FUNCTION,
     REFUSED_FLAGS,
     REWARD_HOOK,
     ROUTER_POLICY,
@@ -26,7 +25,6 @@ from .runner import LaunchPlan, SlimeRunner
 
 __all__ = [
     "GATE_HOOK",
-    "GENERATE_FUNCTION",
     "REFUSED_FLAGS",
     "REWARD_HOOK",
     "ROUTER_POLICY",

@@ -22,7 +22,6 @@ from slime_backend.typed_config import ConfigError
 
 from .config import RunnerConfig
 
-GENERATE_FUNCTION = "slime_backend.generate.generate"
 REWARD_HOOK = "slime_backend.reward_hook.post_process_rewards"
 GATE_HOOK = "slime_backend.gate_hook.check_rollout_batch"
 ROUTER_POLICY = "consistent_hashing"
@@ -183,6 +182,8 @@ def _rollout(argv: _Argv, config: RunnerConfig) -> None:
     argv.value("--rollout-max-response-len", r.max_response_len, "rollout.max_response_len")
     argv.value("--rollout-temperature", r.temperature, "rollout.temperature")
     argv.values("--rollout-stop-token-ids", r.stop_token_ids, "rollout.stop_token_ids")
+    argv.value("--sglang-tool-call-parser", r.tool_call_parser, "rollout.tool_call_parser")
+    argv.value("--sglang-reasoning-parser", r.reasoning_parser, "rollout.reasoning_parser")
 
 
 def _training(argv: _Argv, config: RunnerConfig) -> None:
@@ -209,7 +210,7 @@ def _training(argv: _Argv, config: RunnerConfig) -> None:
 
 def _wiring(argv: _Argv, config: RunnerConfig) -> None:
     """What makes slime run episodes through this package."""
-    argv.value("--custom-generate-function-path", GENERATE_FUNCTION, _OURS)
+    argv.value("--custom-generate-function-path", config.episode.generate, "episode.generate")
     argv.value("--custom-reward-post-process-path", REWARD_HOOK, _OURS)
     argv.value("--rollout-sample-filter-path", GATE_HOOK, _OURS)
     argv.value("--custom-config-path", custom_config_path(config), "run.dir")

@@ -2,7 +2,8 @@
 
 Tables map one to one onto the dataclasses below (``[slime]``, ``[ray]``, ``[run]``, ``[model]``,
 ``[data]``, ``[cluster]``, ``[rollout]``, ``[train]``, then the settings that travel into slime's
-processes: ``[episode]``, ``[agent]``, ``[sandbox]``, ``[conversion]``, ``[gates]``), plus
+processes: ``[episode]``, ``[agent]``, ``[sandbox]``, ``[conversion]``, ``[gates]``,
+``[adapter]``, ``[workers]``), plus
 ``extra_args``: slime / Megatron / SGLang flags passed through verbatim (model architecture flags
 from slime's ``scripts/models/*.sh`` go there). Every check names the field it rejects.
 """
@@ -16,7 +17,15 @@ from typing import Literal
 from slime_backend.conversion import ConversionOptions
 from slime_backend.gates import GateConfig
 from slime_backend.grpo import MEAN_ESTIMATORS
-from slime_backend.settings import AgentSettings, BackendSettings, EpisodeSettings, SandboxSettings
+from slime_backend.rollout_args import check_parsers
+from slime_backend.settings import (
+    AdapterSettings,
+    AgentSettings,
+    BackendSettings,
+    EpisodeSettings,
+    SandboxSettings,
+    WorkerSettings,
+)
 from slime_backend.typed_config import FieldError
 
 AdvantageEstimator = Literal[
@@ -165,7 +174,9 @@ class ClusterShape:
 @dataclass(frozen=True, slots=True)
 class RolloutConfig:
     """``batch_size`` prompts per step, ``n_samples_per_prompt`` episodes per prompt (the GRPO
-    group); ``max_response_len`` is the per-call ``max_new_tokens``."""
+    group); ``max_response_len`` is the per-call ``max_new_tokens``. ``tool_call_parser`` and
+    ``reasoning_parser`` are SGLang's parser names for the policy's output format; the adapters
+    parse replies with them (:data:`slime_backend.rollout_args.TOOL_CALL_PARSERS`)."""
 
     num_rollout: int
     batch_size: int
@@ -174,6 +185,8 @@ class RolloutConfig:
     max_response_len: int
     temperature: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
+    tool_call_parser: str = "qwen25"
+    reasoning_parser: str | None = "qwen3"
 
     def __post_init__(self) -> None:
         _positive(
@@ -189,6 +202,7 @@ class RolloutConfig:
             raise FieldError(
                 "max_response_len", f"must be below max_context_len ({self.max_context_len})"
             )
+        check_parsers(self.tool_call_parser, self.reasoning_parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +245,8 @@ class RunnerConfig:
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     conversion: ConversionOptions = field(default_factory=ConversionOptions)
     gates: GateConfig = field(default_factory=GateConfig)
+    adapter: AdapterSettings = field(default_factory=AdapterSettings)
+    workers: WorkerSettings = field(default_factory=WorkerSettings)
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -255,4 +271,12 @@ class RunnerConfig:
             )
 
     def backend_settings(self) -> BackendSettings:
-        return BackendSettings(self.episode, self.agent, self.sandbox, self.conversion, self.gates)
+        return BackendSettings(
+            self.episode,
+            self.agent,
+            self.sandbox,
+            self.conversion,
+            self.gates,
+            self.adapter,
+            self.workers,
+        )

@@ -50,12 +50,19 @@ class SlimeRunner:
         )
 
     @classmethod
-    def from_toml(cls, path: Path) -> SlimeRunner:
-        """Load a run; any bad value raises one :class:`ConfigError` naming file and field."""
+    def from_toml(cls, path: Path, *, generate_function: str | None = None) -> SlimeRunner:
+        """Load a run; any bad value raises one :class:`ConfigError` naming file and field.
+
+        ``generate_function`` is the app's default for ``episode.generate`` (its module
+        attribute made by ``make_generate``), used when the file does not set one.
+        """
         try:
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+        episode = data.get("episode")
+        if generate_function is not None and isinstance(episode, dict):
+            episode.setdefault("generate", generate_function)
         try:
             return cls(from_mapping(RunnerConfig, data))
         except ConfigError as exc:

@@ -1,0 +1,125 @@
+"""The adapter's engine, seen per episode: its routing key and whether the engine failed it.
+
+Two things the generate function needs are not the adapter's business, so they live in a thin
+:class:`~protocol_adapters.engine.Engine` wrapper between the adapter and slime's router:
+
+- **Routing.** slime gives every training sample a ``session_id`` and its router hashes
+  ``X-SMG-Routing-Key`` to pick an engine, so an episode's calls should carry that id. The
+  adapter keys the header on the session's token, which is the agent's API key and must stay a
+  secret of its own; the tap swaps the token for the episode's routing key on the way out.
+- **Engine failures.** When the engine is down or fails a call, the agent sees an error, may
+  retry, and may end the episode without the model. Its reward would then grade the outage, not
+  the policy. The tap counts, per episode, the calls the engine failed (unreachable, timed out,
+  broke the answer, or aborted the generation) and whether the agent's last model call was one
+  of them; the generate function aborts such an episode.
+
+Calls the engine refused for the request's own sake (a prompt over the context) and calls the
+client abandoned (cancelled) are neither failures nor successes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from protocol_adapters.engine import Engine, GenerateChunk, GenerateRequest, GenerateResult
+from protocol_adapters.types import AdapterError, ErrorKind
+from trajectory_tree import FinishReason
+
+ENGINE_FAULTS = frozenset({ErrorKind.OVERLOADED, ErrorKind.TIMEOUT, ErrorKind.ENGINE_ERROR})
+"""Error kinds the SGLang client raises when the engine, not the request, is at fault."""
+
+
+@dataclass(slots=True)
+class EngineRecord:
+    """One episode's engine calls, as the tap saw them."""
+
+    routing_key: str
+    calls: int = 0
+    failures: int = 0
+    last_call_failed: bool = False
+    last_failure: str = ""
+
+    def failed(self, why: str) -> None:
+        self.failures += 1
+        self.last_call_failed = True
+        self.last_failure = why
+
+    def answered(self) -> None:
+        self.last_call_failed = False
+
+
+class EngineTap:
+    """An :class:`Engine` that routes and records each registered session's calls."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._records: dict[str, EngineRecord] = {}
+
+    def register(self, token: str, routing_key: str) -> EngineRecord:
+        """Start recording the session whose token is ``token``; its calls route by
+        ``routing_key``."""
+        record = EngineRecord(routing_key)
+        self._records[token] = record
+        return record
+
+    def release(self, token: str) -> None:
+        self._records.pop(token, None)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        record, request = self._route(request)
+        try:
+            result = await self._engine.generate(request)
+        except AdapterError as exc:
+            _failed(record, exc)
+            raise
+        _finished(record, result.finish_reason, result.abort_message)
+        return result
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        record, request = self._route(request)
+        chunks = self._engine.stream(request)
+        try:
+            async for chunk in chunks:
+                if chunk.finish_reason is not None:
+                    _finished(record, chunk.finish_reason, chunk.abort_message)
+                yield chunk
+        except AdapterError as exc:
+            _failed(record, exc)
+            raise
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def abort(self, rid: str) -> None:
+        await self._engine.abort(rid)
+
+    async def context_length(self) -> int:
+        return await self._engine.context_length()
+
+    def _route(self, request: GenerateRequest) -> tuple[EngineRecord | None, GenerateRequest]:
+        record = self._records.get(request.routing_key or "")
+        if record is None:
+            return None, request
+        record.calls += 1
+        return record, dataclasses.replace(request, routing_key=record.routing_key)
+
+
+def _failed(record: EngineRecord | None, exc: AdapterError) -> None:
+    if record is None:
+        return
+    if exc.kind in ENGINE_FAULTS:
+        record.failed(f"{exc.kind}: {exc.message}")
+    else:
+        record.answered()
+
+
+def _finished(record: EngineRecord | None, finish: FinishReason, message: str | None) -> None:
+    if record is None:
+        return
+    if finish is FinishReason.ABORT:
+        record.failed(f"the engine aborted the generation: {message or 'no reason given'}")
+    else:
+        record.answered()
