@@ -25,8 +25,8 @@ class EventStats:
     calls from the adapter's record of the session (`trajectory_tree.summarize(tree).turns`).
 
     main_agent_turns: the main agent's turns as the CLI itself counts them. Claude Code: the
-    main agent's model replies (its `result` event's `num_turns`). Codex `exec`: its
-    `turn.started` events, one per task however many model calls the turn took.
+    main agent's model replies (what its `result` events' `num_turns` add up to). Codex
+    `exec`: its `turn.started` events, one per task however many model calls the turn took.
     tool_calls: distinct tool invocations the stream reports (Claude Code includes those of
     the sub-agents it shows).
     result_text: the agent's final answer, if it finished with one.
