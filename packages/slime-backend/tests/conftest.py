@@ -1,4 +1,5 @@
-"""Makes this directory's test-support modules (``episode_kit``) importable by plain name.
+"""Makes this directory's test-support modules (``episode_kit``, ``rollout_kit``) importable by
+plain name, and builds the real Qwen3 tokenizer and a checkpoint directory holding it.
 
 The workspace runs pytest with ``--import-mode=importlib``, which puts no test directory on
 ``sys.path``.
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
@@ -22,3 +26,25 @@ def pytest_configure(config: pytest.Config) -> None:
         "slime_checkout: compares pinned facts with a real slime checkout "
         "(set AGENT_RL_SLIME_CHECKOUT to a work tree or bare git dir; skipped otherwise)",
     )
+
+
+@pytest.fixture(scope="session")
+def qwen_vocabulary(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Vocabulary:
+    """The real Qwen3 tokenizer, built offline once per checkout into pytest's cache."""
+    cache = getattr(request.config, "cache", None)
+    where = (
+        Path(cache.mkdir("qwen3-tokenizer"))
+        if cache is not None
+        else tmp_path_factory.mktemp("qwen3-tokenizer")
+    )
+    return load_qwen3_vocabulary(QwenTokenizerConfig(where))
+
+
+@pytest.fixture(scope="session")
+def qwen_checkpoint(qwen_vocabulary: Vocabulary, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face checkpoint directory (tokenizer and chat template) for ``--hf-checkpoint``."""
+    from rollout_kit import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "Qwen3-Test", qwen_vocabulary)

@@ -118,6 +118,7 @@ async def run_episode(
         logger.warning("agent-rl episode %s aborted: %s", request.session_id, outcome.reason)
     facts: dict[str, JsonValue] = {
         "worker": worker,
+        "adapter": server.url,
         "engine_calls": record.calls,
         "engine_failures": record.failures,
         "last_engine_failure": record.last_failure,
