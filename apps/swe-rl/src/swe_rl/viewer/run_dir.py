@@ -1,0 +1,121 @@
+"""The run directory, read back: what the demo and `swe-rl rollout` write and the viewer shows.
+
+    <run>/run.json                         the index below (title, policy, agent, episodes, alarms)
+    <run>/episodes/<episode_id>/tree.json  the session tree (`trajectory_tree.dumps`)
+    <run>/episodes/<episode_id>/summary.json, diff.patch, grading.log   optional artifacts
+
+`run.json` is checked field by field, so a bad one is refused with the path of the offending
+field (`episodes[3].reward: expected a number, got str 'x'`). Keys the viewer does not know are
+ignored: writers may add facts without breaking older viewers. An episode's `dir` must stay
+inside the run directory; a run directory is often shared, and a viewer must not be pointed at
+arbitrary files by the index it reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slime_backend.episode import EpisodeStatus
+from slime_backend.typed_config import ConfigError, FieldError, from_mapping
+
+RUN_FILE = "run.json"
+TREE_FILE = "tree.json"
+
+
+class RunDirError(ValueError):
+    """A run directory the viewer cannot read; the message names the file and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alarm:
+    """A silent-failure gate that tripped for the run (`slime_backend.gates`, as written)."""
+
+    gate: str
+    share: float
+    limit: float
+    message: str
+
+    def __post_init__(self) -> None:
+        _finite(self, "share", "limit")
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeEntry:
+    """One episode as the run index lists it; `advantage` is None where none was computed."""
+
+    episode_id: str
+    instance_id: str
+    group: int
+    reward: float
+    advantage: float | None
+    status: EpisodeStatus
+    reason: str
+    dir: str
+
+    def __post_init__(self) -> None:
+        _finite(self, "reward", "advantage")
+
+
+@dataclass(frozen=True, slots=True)
+class RunIndex:
+    title: str
+    policy: str
+    agent: str
+    episodes: tuple[EpisodeEntry, ...]
+    alarms: tuple[Alarm, ...]
+
+
+def read_run(run_dir: Path) -> RunIndex:
+    """The run's index; raises :class:`RunDirError` naming the file and field that is wrong."""
+    path = run_dir / RUN_FILE
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: no such file (is {run_dir} a run directory?)") from None
+    except (OSError, ValueError) as error:
+        raise RunDirError(f"{path}: not readable as JSON: {error}") from None
+    try:
+        return from_mapping(RunIndex, _known_keys(data), "")
+    except ConfigError as error:
+        raise RunDirError(f"{path}: {error}") from None
+
+
+def episode_dir(run_dir: Path, entry: EpisodeEntry) -> Path:
+    """Where `entry`'s files are; refuses a `dir` that leaves the run directory."""
+    root = run_dir.resolve()
+    target = (root / entry.dir).resolve()
+    if Path(entry.dir).is_absolute() or not target.is_relative_to(root) or target == root:
+        raise RunDirError(
+            f"episode {entry.episode_id!r}: dir {entry.dir!r} is not a directory inside the run"
+        )
+    return target
+
+
+def _known_keys(data: object) -> object:
+    """`data` without the keys the dataclasses do not declare, at each level of the index."""
+    if not isinstance(data, Mapping):
+        return data
+    index = _only_fields(RunIndex, data)
+    for name, kind in (("episodes", EpisodeEntry), ("alarms", Alarm)):
+        items = index.get(name)
+        if isinstance(items, list):
+            index[name] = [_only_fields(kind, i) if isinstance(i, Mapping) else i for i in items]
+    return index
+
+
+def _only_fields(cls: type[Any], data: Mapping[str, object]) -> dict[str, object]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _finite(instance: object, *names: str) -> None:
+    for name in names:
+        value = getattr(instance, name)
+        if value is not None and not math.isfinite(value):
+            raise FieldError(name, f"must be a finite number, got {value}")

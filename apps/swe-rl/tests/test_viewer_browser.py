@@ -1,0 +1,381 @@
+"""The viewer in a real headless Chromium (Debian's `chromium`): the test loads the written file,
+clicks and hovers with real mouse events over the DevTools protocol, and checks the rendered DOM
+against the recorded trees and their linearization."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol_adapters.tokenizer import Vocabulary
+from swe_rl.viewer import Chromium, screenshot, write_viewer
+from swe_rl.viewer.chromium import READY, Page
+from trajectory_tree import linearize
+
+from .test_viewer_kit import INJECTED, SUB_AGENT, RecordedRun, record_run
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("chromium") is None,
+    reason="CHROMIUM IS MISSING: the viewer's browser tests need Debian's `chromium` package "
+    "(apt-get install chromium; .ci/run installs it)",
+)
+
+EPISODES = ["ep-rich", "ep-short", "ep-aborted", "ep-broken"]
+
+
+@pytest.fixture(scope="module")
+def recorded(qwen_vocabulary: Vocabulary, tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
+    return record_run(tmp_path_factory.mktemp("run"), qwen_vocabulary)
+
+
+@pytest.fixture(scope="module")
+def decode(qwen_vocabulary: Vocabulary) -> Callable[[int], str]:
+    return lambda token: qwen_vocabulary.decode([token])
+
+
+@pytest.fixture(scope="module")
+def viewer(recorded: RecordedRun, decode: Callable[[int], str]) -> Path:
+    return write_viewer(recorded.directory, decode)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chromium]:
+    with Chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def page(browser: Chromium, viewer: Path) -> Iterator[Page]:
+    tab = browser.open(viewer)
+    tab.wait_for(READY)
+    yield tab
+    assert tab.errors() == [], "the page reported errors"
+    tab.close()
+
+
+def open_episode(page: Page, episode_id: str) -> None:
+    page.click(f'.episode[data-episode="{episode_id}"] .ep-head')
+    page.wait_for(
+        f'document.querySelector(\'.episode[data-episode="{episode_id}"]\').classList.contains("open")'
+    )
+
+
+def open_sample(page: Page, episode_id: str, sample: int) -> str:
+    """Open a sample, render all its tokens; returns a selector for its token box."""
+    scope = f'.episode[data-episode="{episode_id}"] .sample[data-sample="{sample}"]'
+    page.click(f"{scope} .s-head")
+    if page.evaluate(f"document.querySelector('{scope} .s-tools .link:nth-child(2)') !== null"):
+        page.click(f"{scope} .s-tools .link:nth-child(2)")
+    return f"{scope} .tokens"
+
+
+def rendered_tokens(page: Page, box: str) -> list[list[Any]]:
+    """[text, reason, mask] for every token element in a token box, in order."""
+    value = page.evaluate(
+        f"Array.from(document.querySelectorAll('{box} .sp > .t')).map(t => {{"
+        " const w = t.parentNode;"
+        " const reason = Array.from(w.classList).find(c => c.startsWith('r-')).slice(2);"
+        " return [t.textContent, reason, w.classList.contains('m1') ? 1 : 0]; })"
+    )
+    assert isinstance(value, list)
+    return value
+
+
+def tooltip(page: Page) -> str:
+    text = page.evaluate(
+        "document.getElementById('tip').classList.contains('show') ? "
+        "document.getElementById('tip').innerText : null"
+    )
+    assert isinstance(text, str), "no tooltip is showing"
+    return text
+
+
+def test_the_run_renders_from_the_file_alone(page: Page, viewer: Path) -> None:
+    assert page.requested_urls() == [viewer.resolve().as_uri()], "the page fetched something"
+    assert page.evaluate("document.querySelector('h1').textContent") == (
+        "Viewer test run <b>bold?</b>"
+    )
+    cards = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode')).map(e => ["
+        " e.dataset.episode, e.querySelector('.pill').textContent,"
+        " Array.from(e.querySelectorAll('.flag')).map(f => f.textContent)])"
+    )
+    assert cards == [
+        ["ep-rich", "completed", []],
+        ["ep-short", "truncated", []],
+        ["ep-aborted", "aborted", ["trains no token"]],
+        ["ep-broken", "completed", ["error", "trains no token (no readable session tree)"]],
+    ]
+    alarm = page.evaluate("document.querySelector('.alarm').textContent")
+    assert "zero_trainable" in alarm
+    assert "50% of episodes > limit 20%" in alarm
+    legend = page.evaluate(
+        "Array.from(document.querySelectorAll('.chip.reason')).map(c => c.dataset.reason)"
+    )
+    assert len(legend) == 11
+    assert legend[0] == "generated"
+    # Nothing of an episode is built before it is opened.
+    assert page.evaluate("document.querySelectorAll('.ep-body > *').length") == 0
+
+
+def test_the_content_policy_forbids_network_and_injected_handlers(page: Page) -> None:
+    outcome = page.evaluate("fetch('http://127.0.0.1:9/').then(() => 'fetched', () => 'blocked')")
+    assert outcome == "blocked"
+    ran = page.evaluate(
+        "new Promise(done => { const d = document.createElement('div');"
+        " d.innerHTML = '<img src=x onerror=\"window.__csp = 1\">'; document.body.append(d);"
+        " setTimeout(() => done(window.__csp === 1), 300); })"
+    )
+    assert ran is False
+    page.evaluate("document.querySelectorAll('img').forEach(i => i.remove())")
+    errors = page.errors()
+    assert errors
+    assert all("Content Security Policy" in e for e in errors)
+    page.browser.events(page.session).clear()  # expected: the policy says what it refused
+
+
+def test_an_opened_episode_draws_its_tree_as_branches(page: Page, recorded: RecordedRun) -> None:
+    open_episode(page, "ep-rich")
+    dots = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode.open .dot')).map(d => ["
+        " Number(d.dataset.turn), d.getAttribute('class')])"
+    )
+    tree = recorded.trees["ep-rich"]
+    assert [d[0] for d in dots] == list(range(len(tree.turns)))
+    classes = {turn: set(cls.split()) for turn, cls in dots}
+    assert "aborted" in classes[4]
+    assert "abandoned_retry" in classes[6]
+    assert [t for t, c in classes.items() if "root" in c] == [0, 2, 9]
+    assert all("trained" in classes[t] for t in (0, 1, 2, 3, 5, 7, 8, 9))
+    edges = page.evaluate("document.querySelectorAll('.episode.open .edge').length")
+    assert edges == len(tree.turns) - 3  # every turn but the three roots continues one
+    labels = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode.open .start')).map(t => t.textContent)"
+    )
+    assert labels[0] == "main agent"
+    assert labels[-1] == "new history"
+    assert any(label.startswith("sub-agent a1b2") for label in labels)
+    samples = page.evaluate("document.querySelectorAll('.episode.open .sample').length")
+    assert samples == len(linearize(tree).samples)
+
+    page.hover('.episode.open .dot[data-turn="2"]')
+    text = tooltip(page)
+    assert f"turn 2 \u00b7 sub-agent {SUB_AGENT}" in text
+    assert "trained in sample 0" in text
+
+
+def test_every_token_of_every_sample_is_shown_with_its_reason_and_mask(
+    page: Page, recorded: RecordedRun, decode: Callable[[int], str]
+) -> None:
+    for episode_id in EPISODES[:3]:
+        open_episode(page, episode_id)
+        lin = linearize(recorded.trees[episode_id])
+        trains = episode_id != "ep-aborted"
+        for sample in lin.samples:
+            box = open_sample(page, episode_id, sample.index)
+            shown = rendered_tokens(page, box)
+            reasons = [""] * len(sample.tokens)
+            for span in sample.spans:
+                reasons[span.start : span.end] = [str(span.reason)] * len(span)
+            expected = [
+                [decode(token), reason, mask if trains else 0]
+                for token, reason, mask in zip(
+                    sample.tokens, reasons, sample.loss_mask, strict=True
+                )
+            ]
+            assert shown == expected, f"{episode_id} sample {sample.index}"
+            greyed = page.evaluate(
+                f"document.querySelector('{box}').classList.contains('untrained')"
+            )
+            assert greyed is not trains
+
+
+def test_the_tooltip_facts_are_the_samples_facts_at_every_position(
+    page: Page, recorded: RecordedRun
+) -> None:
+    for number, episode_id in enumerate(EPISODES[:3]):
+        lin = linearize(recorded.trees[episode_id])
+        for sample in lin.samples:
+            facts = page.evaluate(
+                f"Array.from({{length: {len(sample.tokens)}}}, (_, i) => {{"
+                f" const f = window.trajectoryViewer.tokenInfo({number}, {sample.index}, i);"
+                " return [f.id, f.loss, f.logprob, f.generated]; })"
+            )
+            assert [f[0] for f in facts] == sample.tokens.tolist()
+            expected_loss = (
+                sample.loss_mask.tolist()
+                if episode_id != "ep-aborted"
+                else [0] * len(sample.tokens)
+            )
+            assert [f[1] for f in facts] == expected_loss
+            generated = {
+                i for s in sample.spans if s.turn is not None for i in range(s.start, s.end)
+            }
+            assert {i for i, f in enumerate(facts) if f[3]} == generated
+            assert [f[2] if f[3] else 0.0 for f in facts] == sample.logprobs.tolist()
+
+
+def test_hovering_a_token_shows_its_id_logprob_and_reason(
+    page: Page, recorded: RecordedRun, decode: Callable[[int], str]
+) -> None:
+    open_episode(page, "ep-rich")
+    sample = linearize(recorded.trees["ep-rich"]).samples[1]
+    box = open_sample(page, "ep-rich", 1)
+    first = sample.prompt_length
+    page.hover(f'{box} .sp[data-start="{first}"] > .t:first-child')
+    text = tooltip(page)
+    token = sample.tokens[first]
+    assert json.dumps(decode(token)) in text
+    assert f"id {token} \u00b7 position {first:,} of {len(sample.tokens):,} in sample 1" in text
+    assert "generated \u00b7 loss 1" in text
+    logprob = float(text.split("logprob ")[1].split(" ")[0])
+    assert logprob == sample.logprobs[first]
+
+    tool = next(s for s in sample.spans if str(s.reason) == "tool_output")
+    page.hover(f'{box} .sp[data-start="{tool.start}"] > .t:first-child')
+    text = tooltip(page)
+    assert "tool output \u00b7 loss 0" in text
+    assert "logprob" not in text
+
+
+def test_filtering_by_reason_folds_spans_and_the_mask_view_greys_all_loss_0(
+    page: Page, recorded: RecordedRun
+) -> None:
+    open_episode(page, "ep-rich")
+    box = open_sample(page, "ep-rich", 1)
+    display = (
+        f"Array.from(document.querySelectorAll('{box} .{{0}}.r-context'))"
+        ".map(e => getComputedStyle(e).display)"
+    )
+    assert set(page.evaluate(display.format("sp"))) == {"inline"}
+    assert set(page.evaluate(display.format("fold"))) == {"none"}
+    page.click('.chip.reason[data-reason="context"]')
+    assert set(page.evaluate(display.format("sp"))) == {"none"}
+    assert set(page.evaluate(display.format("fold"))) == {"inline-block"}
+    context = sum(
+        len(s)
+        for s in linearize(recorded.trees["ep-rich"]).samples[1].spans
+        if str(s.reason) == "context"
+    )
+    folds = page.evaluate(
+        f"Array.from(document.querySelectorAll('{box} .fold.r-context')).map(f => f.textContent)"
+    )
+    assert sum(int(f.split()[1].replace(",", "")) for f in folds) == context
+    page.click('.chip.reason[data-reason="context"]')
+    assert set(page.evaluate(display.format("sp"))) == {"inline"}
+
+    background = f"getComputedStyle(document.querySelector('{box} .sp.{{0}}')).backgroundColor"
+    by_reason = [page.evaluate(background.format(c)) for c in ("r-context", "r-tool_output", "m1")]
+    assert len(set(by_reason)) == 3
+    page.click('.chip.mode[data-mode="mask"]')
+    by_mask = [page.evaluate(background.format(c)) for c in ("r-context", "r-tool_output", "m1")]
+    assert by_mask[0] == by_mask[1] != by_mask[2]
+
+
+def test_a_turn_shows_its_request_reply_tool_calls_and_results(
+    page: Page, recorded: RecordedRun
+) -> None:
+    open_episode(page, "ep-rich")
+    page.click('.episode.open .dot[data-turn="0"]')
+    panel = page.evaluate("document.querySelector('.episode.open .turn-panel').innerText")
+    assert "Turn 0" in panel
+    assert "trained in sample 1" in panel
+    assert "Fix the bug: add() in calc.py subtracts" in panel  # the request's user message
+    assert "Read calc.py first." in panel  # reasoning
+    assert '"command": "cat calc.py"' in panel
+    assert INJECTED in panel
+    page.click('.episode.open .dot[data-turn="6"]')
+    panel = page.evaluate("document.querySelector('.episode.open .turn-panel').innerText")
+    assert "excluded: abandoned retry" in panel
+    assert "python -m pytest -q" in panel
+    # Its output is in no sample, and still every token of it can be seen.
+    page.click(".episode.open .turn-panel details.section summary")
+    page.wait_for("document.querySelector('.episode.open .turn-panel .tokens') !== null")
+    shown = rendered_tokens(page, ".episode.open .turn-panel .tokens")
+    tree = recorded.trees["ep-rich"]
+    output = tree.output_ids(tree.turns[6])
+    assert [r for _, r, _ in shown][-len(output) :] == ["abandoned_retry"] * len(output)
+    assert len(shown) == len(tree.node(tree.turns[6].node).delta or ())
+
+    page.click('.episode.open .dot[data-turn="5"]')
+    page.click(".episode.open .turn-panel .turn-title .link")
+    page.wait_for("document.querySelector('.episode.open .tm.flash[data-turn=\"5\"]') !== null")
+    opened = ".episode.open .sample[data-sample='1'].open"
+    assert page.evaluate(f'document.querySelector("{opened}") !== null')
+
+
+def test_model_output_is_text_wherever_it_appears(page: Page) -> None:
+    for episode_id in EPISODES:
+        open_episode(page, episode_id)
+    page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+    for turn in range(10):
+        page.click(f'.episode[data-episode="ep-rich"] .dot[data-turn="{turn}"]')
+    box = open_sample(page, "ep-rich", 2)
+    assert INJECTED in page.evaluate(f"document.querySelector('{box}').textContent")
+    assert INJECTED in page.evaluate(
+        "document.querySelector('pre.artifact').parentNode.parentNode.textContent"
+    )
+    assert page.evaluate("document.querySelectorAll('img, iframe, object, embed').length") == 0
+    assert page.evaluate("window.__pwned === undefined")
+
+
+def test_one_token_that_is_markup_renders_as_that_text(
+    recorded: RecordedRun, decode: Callable[[int], str], browser: Chromium, tmp_path: Path
+) -> None:
+    tree = recorded.trees["ep-short"]
+    sample = linearize(tree).samples[0]
+    target = sample.tokens[sample.prompt_length]
+    run = tmp_path / "run"
+    shutil.copytree(recorded.directory, run)
+    page_path = write_viewer(run, lambda t: INJECTED if t == target else decode(t))
+    tab = browser.open(page_path)
+    tab.wait_for(READY)
+    open_episode(tab, "ep-short")
+    box = open_sample(tab, "ep-short", 0)
+    first = f'{box} .sp[data-start="{sample.prompt_length}"] > .t'
+    token = tab.evaluate(f"document.querySelector('{first}').textContent")
+    assert token == INJECTED
+    assert tab.evaluate("document.querySelectorAll('img').length") == 0
+    assert tab.evaluate("window.__pwned === undefined")
+    assert tab.errors() == []
+    tab.close()
+
+
+def test_alarms_and_status_chips_filter_the_episodes(page: Page) -> None:
+    visible = (
+        "Array.from(document.querySelectorAll('.episode:not(.hidden)')).map(e => e.dataset.episode)"
+    )
+    page.click(".alarm")
+    assert page.evaluate(visible) == ["ep-aborted", "ep-broken"]
+    page.click('.chip.status[data-status="completed"]')
+    assert page.evaluate(visible) == ["ep-broken"]
+    page.click(".alarm")
+    assert page.evaluate(visible) == ["ep-rich", "ep-broken"]
+    page.click('.chip.status[data-status="all"]')
+    assert page.evaluate(visible) == EPISODES
+
+
+def test_a_broken_episode_shows_its_error_and_what_files_it_has(page: Page) -> None:
+    open_episode(page, "ep-broken")
+    body = page.evaluate("document.querySelector('.episode.open .ep-body').innerText")
+    assert "tree.json" in body
+    assert "No diff, grading log or summary" in body
+
+
+def test_screenshot_writes_a_picture_of_the_rendered_page(viewer: Path, tmp_path: Path) -> None:
+    png = screenshot(
+        viewer,
+        tmp_path / "run.png",
+        width=1200,
+        height=800,
+        prepare=lambda tab: open_episode(tab, "ep-rich"),
+    )
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", data[16:24]) == (1200, 800)
