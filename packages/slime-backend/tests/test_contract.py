@@ -65,6 +65,7 @@ def test_importing_the_package_pulls_in_no_gpu_stack() -> None:
         "slime_backend.gate_hook",
         "slime_backend.reward_hook",
         "slime_backend.testing",
+        "slime_backend.generate",
     ]
     heavy = ("slime", "torch", "ray", "sglang", "megatron")
     probe = (

@@ -34,12 +34,13 @@ logger = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    """The actor on one node (created by :class:`RayWorkerPool` with ``ray.remote``)."""
+    """The actor on one node (created by :class:`RayWorkerPool` with ``ray.remote``); episodes
+    it runs name the node it really runs on."""
 
-    def __init__(self, episode: Episode, setup: RuntimeSetup, node_id: str) -> None:
+    def __init__(self, episode: Episode, setup: RuntimeSetup) -> None:
         self._episode = episode
         self._runtime = AdapterRuntime(setup)
-        self._node_id = node_id
+        self._node_id = str(_ray().get_runtime_context().get_node_id())
 
     async def run(self, request: EpisodeRequest) -> dict[str, Any]:
         report = await run_episode(self._runtime, self._episode, request, worker=self._node_id)
@@ -156,7 +157,7 @@ class RayWorkerPool:
                 num_cpus=0,
                 scheduling_strategy=strategy(node_id, soft=False),
                 max_concurrency=_MAX_CONCURRENCY,
-            ).remote(self._episode, self._setup, node_id)
+            ).remote(self._episode, self._setup)
             self._slots.append(WorkerSlot(node_id, actor))
             logger.info("agent-rl rollout worker started on node %s", node_id)
 
@@ -180,8 +181,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _ray() -> Any:
     try:
-        import ray
-        import ray.util.scheduling_strategies
+        import ray  # type: ignore[import-not-found, unused-ignore]  # an optional extra
+        import ray.util.scheduling_strategies  # type: ignore[import-not-found, unused-ignore]
     except ImportError as exc:
         raise ConfigError(
             "workers.mode", "'ray' needs Ray installed (pip install slime-backend[ray])"
