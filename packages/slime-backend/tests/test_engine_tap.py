@@ -1,0 +1,89 @@
+"""The engine tap between the adapter and slime's router, over the real SGLang client and the
+engine double (SGLang's wire): routing keys swapped, engine faults told from request faults."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from protocol_adapters.engine import GenerateRequest, SamplingParams, SGLangConfig, SGLangEngine
+from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
+from protocol_adapters.testing.stack import VocabularyTokenizer
+from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.types import AdapterError, ErrorKind
+from slime_backend.engine_tap import EngineTap
+
+REPLIES = {"ok": ScriptedReply(text="fine"), "abort": ScriptedReply(text="cut", finish="abort")}
+NEXT: dict[str, str] = {}
+"""Which of :data:`REPLIES` the double gives next."""
+
+
+@pytest.fixture
+async def stack(
+    qwen_vocabulary: Vocabulary,
+) -> AsyncIterator[tuple[EngineDouble, EngineTap]]:
+    NEXT["reply"] = "ok"
+    double = EngineDouble(
+        VocabularyTokenizer(qwen_vocabulary), lambda _: REPLIES[NEXT["reply"]], context_length=64
+    )
+    async with double, SGLangEngine(SGLangConfig(base_url=double.url, connect_timeout=1)) as sg:
+        yield double, EngineTap(sg)
+
+
+def request(token: str, length: int = 4) -> GenerateRequest:
+    return GenerateRequest(tuple(range(1, length + 1)), SamplingParams(8), routing_key=token)
+
+
+async def test_a_registered_session_routes_by_its_key_and_counts_engine_faults(
+    stack: tuple[EngineDouble, EngineTap],
+) -> None:
+    double, tap = stack
+    record = tap.register("secret-token", "slime-session-1")
+    await tap.generate(request("secret-token"))
+    chunks = [c async for c in tap.stream(request("secret-token"))]
+    assert chunks[-1].finish_reason is not None
+    assert [r.headers["x-smg-routing-key"] for r in double.requests] == ["slime-session-1"] * 2
+    assert (record.calls, record.failures, record.last_call_failed) == (2, 0, False)
+
+    double.faults = Faults(http_status=500, error_message="CUDA error")
+    with pytest.raises(AdapterError):
+        await tap.generate(request("secret-token"))
+    assert record.last_call_failed
+    assert "CUDA error" in record.last_failure
+
+    double.faults = Faults()
+    NEXT["reply"] = "abort"
+    async for _ in tap.stream(request("secret-token")):
+        pass
+    assert record.failures == 2
+    assert record.last_failure.startswith("the engine aborted the generation")
+
+    NEXT["reply"] = "ok"
+    await tap.generate(request("secret-token"))
+    assert not record.last_call_failed  # the agent got its answer after all
+    assert record.failures == 2
+
+
+async def test_a_refused_request_is_not_an_engine_fault(
+    stack: tuple[EngineDouble, EngineTap],
+) -> None:
+    _, tap = stack
+    record = tap.register("t", "k")
+    record.failed("earlier outage")
+    with pytest.raises(AdapterError) as raised:
+        await tap.generate(request("t", length=100))  # over the double's 64-token context
+    assert raised.value.kind is not ErrorKind.ENGINE_ERROR
+    assert not record.last_call_failed
+    assert record.failures == 1
+
+
+async def test_unregistered_calls_pass_through_untouched(
+    stack: tuple[EngineDouble, EngineTap],
+) -> None:
+    double, tap = stack
+    tap.register("t", "k")
+    tap.release("t")
+    await tap.generate(request("t"))
+    assert double.requests[-1].headers["x-smg-routing-key"] == "t"
+    assert await tap.context_length() == 64
