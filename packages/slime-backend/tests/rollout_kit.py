@@ -167,6 +167,8 @@ class AgentModel:
     vocabulary: Vocabulary
     versions: Sequence[str] = ()
     double: EngineDouble | None = None
+    padding: str = ""
+    """Appended to every main-agent reply (longer generations for benchmarks)."""
     replies: dict[tuple[int, ...], ScriptedReply] = field(default_factory=dict)
 
     def __call__(self, input_ids: Sequence[int]) -> ScriptedReply:
@@ -176,10 +178,11 @@ class AgentModel:
             reply = ScriptedReply(text=SUB_ANSWER)
         elif step < len(COMMANDS):
             reply = ScriptedReply(
-                text=f"Step {step}.", tool_calls=[("bash", {"command": COMMANDS[step]})]
+                text=f"Step {step}.{self.padding}",
+                tool_calls=[("bash", {"command": COMMANDS[step]})],
             )
         else:
-            reply = ScriptedReply(text=FINAL_ANSWER)
+            reply = ScriptedReply(text=FINAL_ANSWER + self.padding)
         if self.double is not None and self.versions:
             self.double.weight_version = self.versions[min(step, len(self.versions) - 1)]
         self.replies[tuple(input_ids)] = reply

@@ -2,6 +2,9 @@
 
 - :mod:`~slime_backend.episode`: the typed contract with the app (task + adapter session +
   budgets -> outcome).
+- :mod:`~slime_backend.generate`: ``make_generate(episode)``, the function slime calls per sample
+  (``--custom-generate-function-path``); it starts the adapter in the rollout process, or sends
+  episodes to Ray rollout workers. Imported on its own: it pulls in the adapters' server.
 - :mod:`~slime_backend.conversion`: a session tree and an outcome -> slime samples.
 - :mod:`~slime_backend.reward_hook`: GRPO baselines per episode under fan-out
   (``--custom-reward-post-process-path``).

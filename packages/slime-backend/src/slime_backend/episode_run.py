@@ -104,9 +104,11 @@ async def run_episode(
         max_new_tokens=request.sampling.max_new_tokens or session.context_tokens,
     )
     agent_session = AdapterSession(server.url, session.token, request.session_id)
+    app_started = time.monotonic()
     try:
         outcome = await _outcome(episode, request, agent_session, budgets, settings.deadline_s)
     finally:
+        app_s = time.monotonic() - app_started
         closed = await server.close_session(session.token)
         runtime.tap.release(session.token)
     if outcome.status is not EpisodeStatus.ABORTED and record.last_call_failed:
@@ -122,7 +124,8 @@ async def run_episode(
         "engine_calls": record.calls,
         "engine_failures": record.failures,
         "last_engine_failure": record.last_failure,
-        "episode_s": round(time.monotonic() - started, 3),
+        "episode_s": round(time.monotonic() - started, 4),
+        "app_s": round(app_s, 4),
         "evaluation": request.evaluation,
     }
     return EpisodeReport(closed.tree, outcome, facts)

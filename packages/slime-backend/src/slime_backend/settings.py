@@ -89,9 +89,10 @@ class AdapterSettings:
     """The adapter the generate function starts in each rollout process.
 
     ``host`` / ``port``: where agents reach it (127.0.0.1 and a free port by default: local
-    sandboxes forward that port). ``check_sample_rate``: the share of bridged turns proven
-    against a full render of the chat template. ``engine_connections``: pooled connections to
-    slime's router, one per concurrently generating turn.
+    sandboxes forward that port; a fixed port serves one sampling configuration, so evaluation
+    with other sampling settings needs port 0). ``check_sample_rate``: the share of bridged
+    turns proven against a full render of the chat template. ``engine_connections``: pooled
+    connections to slime's router, one per concurrently generating turn.
     """
 
     host: str = "127.0.0.1"
