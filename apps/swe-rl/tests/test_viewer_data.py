@@ -262,6 +262,7 @@ def test_unknown_keys_are_ignored_and_a_dir_outside_the_run_is_refused_for_its_e
         data["episodes"][0]["wall_clock_s"] = 12.5
         data["episodes"][1]["dir"] = "../secret"
         data["episodes"][2]["dir"] = str(tmp_path / "secret")
+        data["episodes"][3]["dir"] = ""
 
     edit_run(run, change)
     page = blocks(write_viewer(run, decode))
@@ -271,6 +272,7 @@ def test_unknown_keys_are_ignored_and_a_dir_outside_the_run_is_refused_for_its_e
     for number in (1, 2):
         assert "not a directory inside the run" in cards[number]["error"]
         assert page.json[f"episode-{number}"] == {"artifacts": {}}
+    assert "records no directory" in cards[3]["error"]
     assert "not for the page" not in (run / "viewer.html").read_text()
 
 

@@ -88,6 +88,8 @@ def read_run(run_dir: Path) -> RunIndex:
 
 def episode_dir(run_dir: Path, entry: EpisodeEntry) -> Path:
     """Where `entry`'s files are; refuses a `dir` that leaves the run directory."""
+    if not entry.dir:
+        raise RunDirError(f"episode {entry.episode_id!r}: the run records no directory for it")
     root = run_dir.resolve()
     target = (root / entry.dir).resolve()
     if Path(entry.dir).is_absolute() or not target.is_relative_to(root) or target == root:

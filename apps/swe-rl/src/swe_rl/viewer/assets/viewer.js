@@ -610,7 +610,7 @@
       ranges(sample.trained_turns), " \u00b7 ends at turn " + sample.leaf_turn + " (" + agentName(leaf.agent) + ")",
       sample.truncated ? " \u00b7 truncated by the length limit" : ""
     );
-    head.append(h("span", "chev", "\u25b8"), h("span", "s-title", "Sample " + sample.index), info, compositionBar(sample));
+    head.append(h("span", "chev", "\u25b8"), h("span", "s-title", "Sample " + sample.index), info, compositionBar(sample, ep.trains !== false));
     const body = h("div", "s-body");
     body.hidden = true;
     head.addEventListener("click", () => toggleSample(ctx, sample, el, body));
@@ -653,8 +653,8 @@
     return out.join(", ");
   }
 
-  function compositionBar(sample) {
-    const bar = h("div", "bar");
+  function compositionBar(sample, trains) {
+    const bar = h("div", "bar" + (trains ? "" : " untrained"));
     const parts = Object.assign({ generated: sample.trained_tokens }, sample.masked_tokens);
     for (const r of RUN.legend) {
       const n = parts[r.code];
@@ -757,7 +757,8 @@
       this.span = 0;
       const tools = h("div", "s-tools");
       if (seq.markers) {
-        const first = h("button", "link", "jump to the first trained token");
+        const trains = seq.ep.trains !== false;
+        const first = h("button", "link", "jump to the first " + (trains ? "trained" : "generated") + " token");
         first.addEventListener("click", () => this.revealPosition(seq.first));
         tools.append(first);
       }
