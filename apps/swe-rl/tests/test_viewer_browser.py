@@ -143,7 +143,7 @@ def test_the_content_policy_forbids_network_and_injected_handlers(page: Page) ->
 def test_an_opened_episode_draws_its_tree_as_branches(page: Page, recorded: RecordedRun) -> None:
     open_episode(page, "ep-rich")
     dots = page.evaluate(
-        "Array.from(document.querySelectorAll('.episode.open .dot')).map(d => ["
+        "Array.from(document.querySelectorAll('.episode.open .diagram .dot')).map(d => ["
         " Number(d.dataset.turn), d.getAttribute('class')])"
     )
     tree = recorded.trees["ep-rich"]

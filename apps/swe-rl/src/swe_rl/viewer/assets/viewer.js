@@ -277,7 +277,10 @@
   function episodeBody(body, c, index) {
     const ep = detail(index);
     if (c.error) body.append(h("div", "note bad", c.error));
-    if (c.reason) body.append(h("div", "note" + (c.status === "completed" ? "" : " warn"), c.status + ": " + c.reason));
+    if (c.reason) {
+      const tone = c.status === "completed" ? "note" : "note warn";
+      body.append(h("div", tone, c.status + ": " + c.reason));
+    }
     if (ep.trains === false) {
       body.append(h("div", "note bad",
         "This episode was aborted: slime receives one placeholder sample and trains none of " +
@@ -287,11 +290,14 @@
       body.append(h("h3", null, "Accounting"));
       body.append(facts(c, ep));
       body.append(h("h3", null, "Branches"));
-      const panel = h("div", "turn-panel empty", "Click a turn in the diagram or the table to see its request, reply, tool calls and results.");
+      const panel = h("div", "turn-panel empty",
+        "Click a turn in the diagram or the table to see its request, reply, tool calls and results.");
       const ctx = { c, ep, index, panel, svg: null };
       body.append(diagram(ctx), dotsLegend(), panel);
       body.append(h("h3", null, "Samples (" + ep.samples.length + ")"));
-      if (!ep.samples.length) body.append(h("div", "note", "No sample: nothing generated survived linearization."));
+      if (!ep.samples.length) {
+        body.append(h("div", "note", "No sample: nothing generated survived linearization."));
+      }
       for (const sample of ep.samples) body.append(sampleBlock(ctx, sample));
       body.append(turnsSection(ctx));
     }
@@ -374,7 +380,9 @@
     ctx.svg = svg;
     const x = (t) => left + dx * t + dx / 2;
     const y = (lane) => top + lane * laneH + laneH / 2;
-    for (let l = 0; l < lanes; l++) svg.append(s("line", { class: "lane", x1: 0, x2: W, y1: y(l), y2: y(l) }));
+    for (let l = 0; l < lanes; l++) {
+      svg.append(s("line", { class: "lane", x1: 0, x2: W, y1: y(l), y2: y(l) }));
+    }
     const step = Math.max(1, Math.ceil(44 / dx));
     const nice = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000];
     const tick = nice.find((n) => n >= step) || step;
@@ -385,9 +393,8 @@
       if (turn.parent === null) continue;
       const p = turns[turn.parent];
       const x0 = x(p.id), y0 = y(p.lane), x1 = x(turn.id), y1 = y(turn.lane);
-      const d = y0 === y1
-        ? "M" + x0 + " " + y0 + "L" + x1 + " " + y1
-        : "M" + x0 + " " + y0 + "C" + (x0 + dx * 0.8) + " " + y0 + " " + (x1 - dx * 0.8) + " " + y1 + " " + x1 + " " + y1;
+      const bend = [x0 + dx * 0.8, y0, x1 - dx * 0.8, y1, x1, y1];
+      const d = "M" + x0 + " " + y0 + (y0 === y1 ? "L" + x1 + " " + y1 : "C" + bend.join(" "));
       const edge = s("path", { class: "edge", d });
       edge.dataset.turn = String(turn.id);
       svg.append(edge);
@@ -406,7 +413,8 @@
     }
     for (const turn of turns) {
       const cls = "dot " + turnStatus(ep, turn) + (turn.parent === null ? " root" : "");
-      const dot = s("circle", { class: cls, cx: x(turn.id), cy: y(turn.lane), r: turn.parent === null ? 6 : 5 });
+      const r = turn.parent === null ? 6 : 5;
+      const dot = s("circle", { class: cls, cx: x(turn.id), cy: y(turn.lane), r });
       dot.dataset.turn = String(turn.id);
       svg.append(dot);
     }
@@ -425,21 +433,19 @@
   }
 
   function dotsLegend() {
+    // Tiny copies of the diagram's dots, styled by the same classes.
     const el = h("div", "dots-legend");
     for (const [cls, label] of [
       ["trained", "trained"], ["partial", "partly cut by length"], ["context-only", "not trained"],
       ["aborted", "aborted"], ["abandoned_retry", "abandoned retry"], ["side_request", "side request"],
-      ["untrained", "episode aborted"],
+      ["untrained", "episode aborted"], ["trained root", "starts a conversation at the root"],
     ]) {
       const item = h("span");
-      const swatch = h("i", "legend-dot");
-      swatch.style.background = cls === "context-only" || cls === "untrained" ? "#fff" : "var(--" + (cls === "trained" || cls === "partial" ? "generated" : cls) + ")";
-      swatch.style.border = "2px solid " + (cls === "partial" ? "var(--over_length)" : cls === "context-only" ? "var(--trained_in_other_sample)" : cls === "untrained" ? "var(--faint)" : "transparent");
-      item.append(swatch, label);
+      const icon = s("svg", { width: 14, height: 14, viewBox: "0 0 14 14" });
+      icon.append(s("circle", { class: "dot " + cls, cx: 7, cy: 7, r: 5 }));
+      item.append(icon, label);
       el.append(item);
     }
-    const root = h("span", null, "thick ring: starts a conversation at the tree's root");
-    el.append(root);
     return el;
   }
 
@@ -448,7 +454,8 @@
     const calls = reply.content.filter((b) => b.type === "tool_call").map((b) => b.name);
     const rows = [
       row(h("b", null, "turn " + turn.id), " \u00b7 " + agentName(turn.agent)),
-      row(fmt(turn.prompt_tokens) + " prompt \u2192 " + fmt(turn.output_tokens) + " output tokens \u00b7 finish " + turn.finish),
+      row(fmt(turn.prompt_tokens) + " prompt \u2192 " + fmt(turn.output_tokens) +
+        " output tokens \u00b7 finish " + turn.finish),
       row(calls.length ? "tool calls: " + calls.join(", ") : "no tool call"),
       row(statusText(ep, turn)),
     ];
@@ -470,8 +477,12 @@
     panel.className = "turn-panel";
     panel.replaceChildren();
     const title = h("div", "turn-title");
-    title.append(h("b", null, "Turn " + id), h("span", "pill st-" + (turnStatus(ep, turn) === "trained" ? "completed" : "truncated"), statusText(ep, turn)));
-    const target = turn.trained_in !== null ? turn.trained_in : turn.context_in.length ? turn.context_in[0] : null;
+    const status = turnStatus(ep, turn);
+    const tone = status === "trained" ? "completed"
+      : status === "aborted" || status === "abandoned_retry" ? "aborted" : "truncated";
+    title.append(h("b", null, "Turn " + id), h("span", "pill st-" + tone, statusText(ep, turn)));
+    const target = turn.trained_in !== null ? turn.trained_in
+      : turn.context_in.length ? turn.context_in[0] : null;
     if (target !== null) {
       const go = h("button", "link", "show its tokens in sample " + target + " \u2192");
       go.addEventListener("click", () => revealTurn(ctx, target, id));
@@ -487,16 +498,21 @@
     if (turn.request_id) bits.push("request " + turn.request_id);
     if (turn.retry_count) bits.push("client retry #" + turn.retry_count);
     if (turn.weight_version) bits.push("weights " + turn.weight_version);
-    if (turn.started_at && turn.finished_at) bits.push((turn.finished_at - turn.started_at).toFixed(2) + " s");
+    if (turn.started_at && turn.finished_at) {
+      bits.push((turn.finished_at - turn.started_at).toFixed(2) + " s");
+    }
     if (turn.side_request) bits.push("side request");
     if (turn.malformed_tool_calls) bits.push(turn.malformed_tool_calls + " malformed tool calls");
     if (turn.start) bits.push("starts a line: " + turn.start);
     if (turn.parent !== null) bits.push("continues turn " + turn.parent);
     panel.append(h("div", "turn-facts", bits.join(" \u00b7 ")));
-    if (turn.rerendered) panel.append(h("div", "note warn", "Prompt re-rendered in full: " + turn.rerendered));
+    if (turn.rerendered) {
+      panel.append(h("div", "note warn", "Prompt re-rendered in full: " + turn.rerendered));
+    }
 
     const added = requestMessages(ep, turn);
-    panel.append(h("h3", null, "Request adds " + added.length + " message" + (added.length === 1 ? "" : "s")));
+    const plural = added.length === 1 ? "" : "s";
+    panel.append(h("h3", null, "Request adds " + added.length + " message" + plural));
     for (const m of added) panel.append(messageBlock(m));
     panel.append(h("h3", null, "Reply"));
     panel.append(replyBlock(ep, turn));
@@ -607,10 +623,14 @@
     info.append(
       h("b", null, fmt(sample.length)), " tokens \u00b7 ",
       h("b", null, fmt(ep.trains === false ? 0 : sample.trained_tokens)), " trained \u00b7 turns ",
-      ranges(sample.trained_turns), " \u00b7 ends at turn " + sample.leaf_turn + " (" + agentName(leaf.agent) + ")",
+      ranges(sample.trained_turns),
+      " \u00b7 ends at turn " + sample.leaf_turn + " (" + agentName(leaf.agent) + ")",
       sample.truncated ? " \u00b7 truncated by the length limit" : ""
     );
-    head.append(h("span", "chev", "\u25b8"), h("span", "s-title", "Sample " + sample.index), info, compositionBar(sample, ep.trains !== false));
+    head.append(
+      h("span", "chev", "\u25b8"), h("span", "s-title", "Sample " + sample.index), info,
+      compositionBar(sample, ep.trains !== false)
+    );
     const body = h("div", "s-body");
     body.hidden = true;
     head.addEventListener("click", () => toggleSample(ctx, sample, el, body));
@@ -623,7 +643,9 @@
   function toggleSample(ctx, sample, el, body, forceOpen) {
     const open = forceOpen || body.hidden;
     const key = ctx.index + "/" + sample.index;
-    if (open && !views.has(key)) views.set(key, new TokenView(ctx, sampleSequence(ctx.index, sample.index), body));
+    if (open && !views.has(key)) {
+      views.set(key, new TokenView(ctx, sampleSequence(ctx.index, sample.index), body));
+    }
     body.hidden = !open;
     el.classList.toggle("open", open);
     return views.get(key);
@@ -758,7 +780,8 @@
       const tools = h("div", "s-tools");
       if (seq.markers) {
         const trains = seq.ep.trains !== false;
-        const first = h("button", "link", "jump to the first " + (trains ? "trained" : "generated") + " token");
+        const what = trains ? "trained" : "generated";
+        const first = h("button", "link", "jump to the first " + what + " token");
         first.addEventListener("click", () => this.revealPosition(seq.first));
         tools.append(first);
       }
@@ -795,8 +818,8 @@
       while (this.pos < limit) {
         const [start, end, reason, , turn] = this.seq.spans[this.span];
         if (this.pos === start) {
-          const fold = h("span", "fold r-" + reason, "\u22ef " + fmt(end - start) + " " + reasonLabel(reason) + " tokens");
-          fragment.append(fold);
+          const hidden = "\u22ef " + fmt(end - start) + " " + reasonLabel(reason) + " tokens";
+          fragment.append(h("span", "fold r-" + reason, hidden));
           if (turn !== null && this.seq.markers) {
             const marker = h("span", "tm", "turn " + turn);
             marker.dataset.turn = String(turn);
@@ -820,7 +843,8 @@
       }
       this.box.append(fragment);
       if (!this.done) {
-        this.more.textContent = fmt(this.pos) + " of " + fmt(this.seq.length) + " tokens shown; scroll for more";
+        this.more.textContent =
+          fmt(this.pos) + " of " + fmt(this.seq.length) + " tokens shown; scroll for more";
         this.box.append(this.more);
         this.observer.observe(this.more);
       } else {
@@ -869,7 +893,8 @@
       const legend = LEGEND.get(info.reason);
       const rows = [
         row(h("span", "tt", JSON.stringify(info.text))),
-        row("id " + info.id + " \u00b7 position " + fmt(pos) + " of " + fmt(this.seq.length) + " in " + this.seq.what),
+        row("id " + info.id + " \u00b7 position " + fmt(pos) + " of " + fmt(this.seq.length) +
+          " in " + this.seq.what),
         row(h("b", null, legend ? legend.label : info.reason), " \u00b7 loss " + info.loss +
           (this.seq.ep.trains === false && info.reason === "generated" ? " (episode aborted)" : "")),
         row(h("span", "dim", legend ? legend.description : "")),
@@ -903,7 +928,8 @@
       section.dataset.built = "1";
       const table = h("table", "turns");
       const head = h("tr");
-      for (const name of ["turn", "agent", "prompt", "output", "finish", "tool calls", "reply", "training"]) head.append(h("th", null, name));
+      const columns = ["turn", "agent", "prompt", "output", "finish", "tool calls", "reply", "training"];
+      for (const name of columns) head.append(h("th", null, name));
       const thead = h("thead");
       thead.append(head);
       const tbody = h("tbody");
@@ -934,7 +960,8 @@
       const a = found[key];
       if (!a) continue;
       const section = h("details", "section");
-      const cut = a.bytes > a.text.length ? " \u00b7 first " + fmt(a.text.length) + " characters of " + fmt(a.bytes) + " bytes" : "";
+      const cut = a.bytes > a.text.length
+        ? " \u00b7 first " + fmt(a.text.length) + " characters of " + fmt(a.bytes) + " bytes" : "";
       section.append(h("summary", null, a.name + cut));
       const pre = h("pre", "artifact");
       if (key === "diff") {
@@ -952,7 +979,9 @@
       section.append(pre);
       box.append(section);
     }
-    if (!box.children.length) box.append(h("div", "note", "No diff, grading log or summary was saved for this episode."));
+    if (!box.children.length) {
+      box.append(h("div", "note", "No diff, grading log or summary was saved for this episode."));
+    }
     return box;
   }
 
