@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from array import array
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from protocol_adapters.server.config import AdapterConfig
 from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters.server.workers import LargeBodies
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import TrustViolation, check_engine_tokens_trained
@@ -153,16 +155,22 @@ async def test_trust_check_catches_a_tampered_sample(
             check_engine_tokens_trained(stack, session.tree, tampered)
 
 
+@pytest.mark.parametrize("where", ["pool", "large-body thread"])
 async def test_large_bodies_are_decoded_off_the_loop_with_the_same_answers(
-    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, where: str
 ) -> None:
-    """Bodies past 256 KB take the worker-thread path: a valid one is answered, a broken one
-    gets the same invalid_request_error as a small one would."""
+    """Bodies past 256 KB are decoded on a worker thread (past ``LargeBodies.threshold``, on the
+    large-body thread): a valid one is answered, a broken one gets the same
+    invalid_request_error as a small one would, with the same message, whichever path it took."""
+    threshold = 256 * 1024 if where == "large-body thread" else LargeBodies().threshold
+    config = AdapterConfig(
+        limits=SessionLimits(context_tokens=262144), large_bodies=LargeBodies(threshold)
+    )
     stack_of = local_stack(
         SCRIPT,
         tokenizer_cache=tokenizer_cache,
         vocabulary=qwen_vocabulary,
-        config=AdapterConfig(limits=SessionLimits(context_tokens=262144)),
+        config=config,
         engine_context_length=262144,
     )
     async with stack_of as stack:
@@ -175,16 +183,22 @@ async def test_large_bodies_are_decoded_off_the_loop_with_the_same_answers(
         )
         assert reply.usage.input_tokens == len(stack.double.requests[0].input_ids)
         broken = b'{"model": "policy", "messages": [' + b" " * (300 * 1024)
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                stack.server.url + "/v1/messages",
-                data=broken,
-                headers={"x-api-key": session.token, "content-type": "application/json"},
-            ) as response,
-        ):
-            assert response.status == 400
-            body = await response.json()
-        assert body["error"]["type"] == "invalid_request_error"
-        assert "not valid JSON" in body["error"]["message"]
+        not_unicode = json.dumps(
+            {"model": "policy", "messages": [{"role": "user", "content": listing + "\ud800"}]}
+        ).encode()
+        answers = []
+        async with aiohttp.ClientSession() as http:
+            for data in (broken, not_unicode):
+                async with http.post(
+                    stack.server.url + "/v1/messages",
+                    data=data,
+                    headers={"x-api-key": session.token, "content-type": "application/json"},
+                ) as response:
+                    assert response.status == 400
+                    answers.append((await response.json())["error"])
+        assert [a["type"] for a in answers] == ["invalid_request_error"] * 2
+        assert "not valid JSON" in answers[0]["message"]
+        assert answers[1]["message"] == (
+            "messages.0.content: is not valid Unicode (lone surrogate U+D800)"
+        )
         await api.close()

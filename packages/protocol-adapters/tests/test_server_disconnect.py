@@ -190,6 +190,7 @@ async def test_non_streaming_client_gone_after_the_engine_answered_still_records
             stack.renderer,
             qwen_vocabulary,
             lambda _: held,
+            stack.server.workers,
         )
         session = stack.server.sessions.open("gone-while-parsing")
         request = DIALECTS_BY_NAME["anthropic"].parse_request(minimal_body("anthropic", "Finish."))

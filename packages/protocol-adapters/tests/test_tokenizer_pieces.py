@@ -95,9 +95,8 @@ def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
         qwen_vocabulary.encode(text, max_tokens=32768)
     counted = caught.value.counted
     assert counted > 32768
-    # One batch of pieces past the limit, not the whole text: a lower bound, far below the truth.
-    batch = vocabulary_module.PIECES_PER_BATCH * vocabulary_module.PIECE_CHARS
-    assert counted <= qwen_vocabulary.count(text[: 32768 * 4 + batch])
+    # One piece past the limit, not the whole text: a lower bound, far below the truth.
+    assert counted <= qwen_vocabulary.count(text[: 32768 * 4 + vocabulary_module.PIECE_CHARS])
     with pytest.raises(TooManyTokens):
         qwen_vocabulary.encode_with_offsets(text, max_tokens=32768)
     with pytest.raises(TooManyTokens):  # a short text (one piece) is held to the limit too

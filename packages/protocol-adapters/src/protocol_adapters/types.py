@@ -36,6 +36,8 @@ class NeutralRequest:
     sampling: ClientSampling
     stream: bool
     metadata: Mapping[str, str] = field(default_factory=dict)
+    body_bytes: int = 0
+    """Size of the request body it came from: the server schedules huge ones apart."""
 
 
 @dataclass(frozen=True, slots=True)

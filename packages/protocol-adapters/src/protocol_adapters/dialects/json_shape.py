@@ -148,7 +148,7 @@ def unknown_keys(obj: JsonObject, known: frozenset[str]) -> str:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def may_hold_surrogates(raw: bytes) -> bool:
+def may_hold_surrogates(raw: bytes | bytearray | memoryview) -> bool:
     """Whether JSON bytes could decode to a string that is not valid Unicode.
 
     Only a ``\\uD800``-``\\uDFFF`` escape can make a lone surrogate: UTF-8 cannot encode one

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .sessions import SessionLimits
+from .workers import LargeBodies
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,8 @@ class AdapterConfig:
     """Whether a client's temperature/top_p/top_k override the rollout's (recorded either way)."""
     limits: SessionLimits = field(default_factory=SessionLimits)
     max_body_bytes: int = 64 * 1024 * 1024
+    large_bodies: LargeBodies = field(default_factory=LargeBodies)
+    """Bodies decoded and rendered one at a time on a thread of their own (``workers.py``)."""
     admin: AdminConfig | None = None
     """Enables the session API for out-of-process callers, on its own listener."""
     replay_retries: bool = False

@@ -18,6 +18,7 @@ from .config import AdapterConfig
 from .ports import ParserFactory, PromptRenderer
 from .sessions import ContextTooLarge, Session, SessionRegistry
 from .turn import TurnRunner
+from .workers import Workers
 
 _ABORT_TIMEOUT = 5.0
 """How long closing a session waits for the engine to acknowledge its aborts, and then for the
@@ -44,8 +45,9 @@ class AdapterServer:
         self.config = config
         self.engine = engine
         self.sessions = sessions or SessionRegistry(config.limits)
-        self.runner = TurnRunner(config, engine, renderer, vocabulary, parsers)
-        self.app = create_app(config, self.runner, self.sessions)
+        self.workers = Workers(config.large_bodies)
+        self.runner = TurnRunner(config, engine, renderer, vocabulary, parsers, self.workers)
+        self.app = create_app(config, self.runner, self.sessions, self.workers)
         self.admin_app = (
             None
             if config.admin is None
@@ -81,6 +83,7 @@ class AdapterServer:
         except ContextTooLarge as exc:
             self.sessions.engine_context = None
             raise ContextTooLarge(f"refusing to start: {exc}") from None
+        await self.workers.start()
         try:
             self._url = await self._listen(self.app, self.config.host, self.config.port)
             admin = self.config.admin
@@ -130,6 +133,7 @@ class AdapterServer:
         for session in list(self.sessions):
             await self.close_session(session.token)
         await self._close_listeners()
+        self.workers.close()
 
     async def _close_listeners(self) -> None:
         while self._listeners:

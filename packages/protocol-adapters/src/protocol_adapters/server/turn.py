@@ -49,6 +49,7 @@ from trajectory_tree import (
 from .config import AdapterConfig, RolloutSampling
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -142,16 +143,20 @@ class TurnRunner:
         renderer: PromptRenderer,
         vocabulary: Vocabulary,
         parsers: ParserFactory,
+        workers: Workers,
     ) -> None:
         self._config = config
         self._engine = engine
         self._renderer = renderer
         self._vocabulary = vocabulary
         self._parsers = parsers
+        self._workers = workers
         self._stop_ids = tuple(sorted(vocabulary.stop_ids))
 
     async def count_tokens(self, request: NeutralRequest) -> int:
-        return await asyncio.to_thread(self._renderer.count_tokens, request.prompt)
+        return await self._workers.run(
+            request.body_bytes, self._renderer.count_tokens, request.prompt
+        )
 
     async def run(
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
@@ -186,8 +191,8 @@ class TurnRunner:
         self, session: Session, request: NeutralRequest
     ) -> tuple[Route, RenderedPrompt, GenerateRequest, dict[str, str]]:
         route = session.tree.route(request.prompt)
-        rendered, engine_request, record = await asyncio.to_thread(
-            self._build, session, request, route
+        rendered, engine_request, record = await self._workers.run(
+            request.body_bytes, self._build, session, request, route
         )
         return route, rendered, engine_request, record
 
@@ -259,7 +264,9 @@ class TurnRunner:
             session.in_flight.discard(engine_request.rid)
         parser = self._parsers(request.prompt.tools)
         try:
-            reply = await asyncio.to_thread(parser.parse_ids, result.output_ids, self._vocabulary)
+            reply = await self._workers.run(
+                0, parser.parse_ids, result.output_ids, self._vocabulary
+            )
         except asyncio.CancelledError:
             # The engine answered but the client is gone: keep the output as an aborted turn.
             if result.output_ids:

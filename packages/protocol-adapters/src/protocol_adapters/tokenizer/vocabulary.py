@@ -9,15 +9,15 @@ wraps is safe to share, so one instance may serve any number of worker threads. 
 through ``encode_batch``, which releases the GIL while Rust tokenizes (plain ``encode`` holds it:
 measured, a 2k-token encode in a worker thread then stalls the event loop for its whole duration).
 
-Counting (:meth:`Vocabulary.count`) encodes long text in pieces and keeps only their lengths, so a
-20 MB request costs a few MB of memory, and it can stop as soon as a limit is passed. The pieces
-are cut only where the pre-tokenizer always splits, so their counts add up to the count of the
-whole text exactly (see :data:`PIECE_CUTS`).
+Long text is encoded in pieces, one after the other: a 20 MB request costs a few MB of tokenizer
+memory at a time, encoding can stop as soon as a limit is passed, and one request's tokenizing
+keeps to one core (the event loop and the other sessions keep the rest). The pieces are cut only
+where the pre-tokenizer always splits, so they encode exactly as the whole text does (see
+:data:`PIECE_CUTS`).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -40,9 +40,6 @@ characters are ASCII or word characters, where Python's and Unicode's ideas of w
 
 PIECE_CHARS = 32_768
 """Target size of one counted piece (a piece runs to the first cut after it)."""
-
-PIECES_PER_BATCH = 8
-"""Pieces encoded together: Rust spreads them over the cores, memory stays a few MB."""
 
 
 class TooManyTokens(ValueError):
@@ -114,22 +111,20 @@ class Vocabulary:
         return sum(len(encoding) for _, encoding in self._encoded(text, None))
 
     def _encoded(self, text: str, max_tokens: int | None) -> Iterator[tuple[int, Encoding]]:
-        """``(start, encoding)`` of each piece of ``text``, a batch at a time; raises
-        :class:`TooManyTokens` after the batch that passes ``max_tokens``. A vocabulary whose
-        pre-tokenizer is not Qwen's is encoded in one piece (exact, but not bounded)."""
+        """``(start, encoding)`` of each piece of ``text``; raises :class:`TooManyTokens` at the
+        piece that passes ``max_tokens``. A vocabulary whose pre-tokenizer is not Qwen's is
+        encoded in one piece (exact, but not bounded)."""
         if not self._piecewise or len(text) <= PIECE_CHARS:
             pieces: Iterator[tuple[int, str]] = iter(((0, text),))
         else:
             pieces = _pieces(text)
         total = 0
-        while batch := list(itertools.islice(pieces, PIECES_PER_BATCH)):
-            encodings = self.tokenizer.encode_batch(
-                [piece for _, piece in batch], add_special_tokens=False
-            )
-            total += sum(len(encoding) for encoding in encodings)
+        for start, piece in pieces:
+            (encoding,) = self.tokenizer.encode_batch([piece], add_special_tokens=False)
+            total += len(encoding)
             if max_tokens is not None and total > max_tokens:
                 raise TooManyTokens(total)
-            yield from zip((start for start, _ in batch), encodings, strict=True)
+            yield start, encoding
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with every special token spelled out (nothing skipped)."""
