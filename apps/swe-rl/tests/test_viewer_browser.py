@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from protocol_adapters.tokenizer import Vocabulary
-from swe_rl.viewer import Chromium, screenshot, write_viewer
+from swe_rl.viewer import Chromium, ChromiumConfig, ChromiumError, screenshot, write_viewer
 from swe_rl.viewer.chromium import READY, Page
 from trajectory_tree import linearize
 
@@ -379,3 +379,27 @@ def test_screenshot_writes_a_picture_of_the_rendered_page(viewer: Path, tmp_path
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1200, 800)
+
+
+def test_the_browser_leaves_no_process_or_profile_behind(viewer: Path) -> None:
+    with Chromium() as chromium:
+        pid = chromium.pid
+        assert pid is not None
+        tab = chromium.open(viewer)
+        tab.wait_for(READY)
+        members = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _group(p) == pid]
+        assert len(members) > 1, "Chromium runs helpers in its own process group"
+    assert [p for p in Path("/proc").iterdir() if p.name.isdigit() and _group(p) == pid] == []
+
+
+def test_a_browser_that_is_not_there_is_a_clear_error() -> None:
+    with pytest.raises(ChromiumError, match="'no-such-chromium' not found"):
+        Chromium(ChromiumConfig(binary="no-such-chromium")).start()
+
+
+def _group(process: Path) -> int | None:
+    try:
+        # The process group is the 5th field of /proc/<pid>/stat after the command's ")".
+        return int((process / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None

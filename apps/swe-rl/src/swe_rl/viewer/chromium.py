@@ -4,7 +4,9 @@ for the viewer's tests to drive (load, click, hover, read the rendered DOM).
 Chromium runs with `--remote-debugging-pipe`: it reads commands on its fd 3 and writes answers
 and events on its fd 4, as JSON messages ended by a NUL byte. So no port is opened and nothing
 beyond the standard library is needed. It gets a fresh profile directory, deleted afterwards,
-and its own session (process group), which is killed whole if it does not exit when asked.
+and its own session (process group), which is killed whole if it does not exit when asked. A
+small reaper process stands between this process and Chromium, so no helper of Chromium is
+left behind as a zombie.
 
     with Chromium() as browser:
         page = browser.open(viewer_html)
@@ -22,6 +24,7 @@ import os
 import select
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,6 +49,21 @@ FLAGS = (
     "--hide-scrollbars",
     "--remote-debugging-pipe",
 )
+
+
+REAPER = """
+import ctypes, os, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+if os.fork() == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+"""The browser's parent: Chromium exits before some of its helpers, which would otherwise be
+left as zombies of pid 1 (not every container's init reaps). This reaps them all, then exits."""
 
 
 class ChromiumError(RuntimeError):
@@ -76,6 +94,11 @@ class Chromium:
         self._next_id = 0
         self._events: dict[str, list[Message]] = {}
 
+    @property
+    def pid(self) -> int | None:
+        """The browser's process id (also its process group's), None when it is not running."""
+        return self._pid
+
     def __enter__(self) -> Self:
         self.start()
         return self
@@ -95,13 +118,23 @@ class Chromium:
                 f"{self.config.binary!r} not found (Debian: apt-get install chromium)"
             )
         self._profile = tempfile.mkdtemp(prefix="viewer-chromium-")
-        commands_read, commands_write = _pipe()
-        events_read, events_write = _pipe()
-        log = os.open(os.path.join(self._profile, "chromium.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            self._spawn(binary)
+            self.send("Target.setDiscoverTargets", {"discover": False})  # fails fast if dead
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, binary: str) -> None:
+        assert self._profile is not None
+        commands_read, self._to_browser = _pipe()
+        self._from_browser, events_write = _pipe()
+        log = _above_4(os.open(self._log_path(), os.O_WRONLY | os.O_CREAT, 0o600))
+        browser = [binary, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"]
         try:
             self._pid = os.posix_spawn(
-                binary,
-                [binary, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"],
+                sys.executable,
+                [sys.executable, "-c", REAPER, *browser],
                 dict(os.environ),
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, commands_read, 3),
@@ -114,8 +147,6 @@ class Chromium:
         finally:
             for fd in (commands_read, events_write, log):
                 os.close(fd)
-        self._to_browser, self._from_browser = commands_write, events_read
-        self.send("Target.setDiscoverTargets", {"discover": False})  # fails fast if it is dead
 
     def open(self, page: Path | str, *, width: int = 1400, height: int = 1000) -> Page:
         """A new tab showing `page` (a file or a URL), loaded and, if it is a viewer, rendered."""
@@ -199,10 +230,11 @@ class Chromium:
                 os.write(self._to_browser, json.dumps(command).encode() + b"\0")
             except OSError:
                 pass  # already gone
-            if not _waited(pid, 5.0):
-                _kill_group(pid)
-                os.waitpid(pid, 0)
-            _kill_group(pid)  # helpers it started, should any outlive it
+            # Until it is reaped its pid (and so its group id) cannot be reused: kill the
+            # group, the helpers it started among it, then reap.
+            _exited(pid, 5.0)
+            _kill_group(pid)
+            os.waitpid(pid, 0)
         for fd in (self._to_browser, self._from_browser):
             if fd >= 0:
                 os.close(fd)
@@ -338,22 +370,26 @@ def screenshot(
 
 
 def _pipe() -> tuple[int, int]:
-    """A pipe whose ends are above fd 4, so mapping them onto the child's 3 and 4 never
-    aliases (dup2 onto itself would keep close-on-exec set)."""
     read, write = os.pipe()
-    ends = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (read, write))
-    os.close(read)
-    os.close(write)
-    return ends[0], ends[1]
+    return _above_4(read), _above_4(write)
 
 
-def _waited(pid: int, timeout_s: float) -> bool:
+def _above_4(fd: int) -> int:
+    """`fd` moved to a number above 4 (close-on-exec kept), so mapping descriptors onto the
+    child's 1-4 never overwrites one that a later mapping still reads (and dup2 onto itself,
+    which would keep close-on-exec set, cannot happen)."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return high
+
+
+def _exited(pid: int, timeout_s: float) -> None:
+    """Wait up to `timeout_s` for `pid` to exit, leaving it unreaped."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if os.waitpid(pid, os.WNOHANG) != (0, 0):
-            return True
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
         time.sleep(0.02)
-    return False
 
 
 def _kill_group(pid: int) -> None:
