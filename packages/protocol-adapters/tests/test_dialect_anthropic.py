@@ -187,8 +187,9 @@ def test_claude_code_request_normalizes() -> None:
         "thinking": "adaptive",
         "user_id": "user_0f3a_account__session_7c1e2b",
         "effort": "high",
-        "ignored_fields": "context_management,output_config",
+        "ignored_fields": "context_management",  # output_config is read (effort, format)
     }
+    assert request.sampling.json_schema is None
 
 
 def test_sampling_tool_choice_and_thinking_budget() -> None:

@@ -24,6 +24,9 @@ class ClientSampling:
     top_p: float | None = None
     top_k: int | None = None
     stop: tuple[str, ...] = ()
+    json_schema: str | None = None
+    """The JSON schema (as JSON text) the reply must follow: the client asked for structured
+    output. Always honoured, whoever decides the sampling."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 Accepts everything Claude Code sends (packages/harness/docs/clients.md): system text blocks with
 ``cache_control`` (ignored), ``role: "system"`` entries inside ``messages``, thinking blocks with
 signatures, re-serialized ``tool_use`` inputs, parallel ``tool_result`` blocks in completion
-order, ``context_management`` and ``output_config`` (accepted and ignored; their names are kept
-in ``metadata["ignored_fields"]``).
+order, ``context_management`` (accepted and ignored; its name is kept in
+``metadata["ignored_fields"]``) and ``output_config`` (its ``format`` is the structured output
+the engine is constrained to, see ``structured_output.py``; its ``effort`` is recorded).
 
 Decisions a reader should know:
 
@@ -64,6 +65,7 @@ from .json_shape import (
 )
 from .opaque import thinking_signature
 from .sse import sse_event
+from .structured_output import anthropic_schema
 
 DIALECT = "anthropic"
 RAW_ARGUMENTS_KEY = "__raw_arguments__"
@@ -83,6 +85,7 @@ _READ_FIELDS = frozenset(
         "top_k",
         "stop_sequences",
         "stream",
+        "output_config",
     )
 )
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
@@ -126,8 +129,12 @@ def parse_request(body: object) -> NeutralRequest:
         if user_id is not None:
             metadata["user_id"] = user_id
     output_config = optional_object(root, "output_config", "")
-    if output_config is not None and isinstance(output_config.get("effort"), str):
-        metadata["effort"] = str(output_config["effort"])
+    json_schema = None
+    if output_config is not None:
+        effort = optional_str(output_config, "effort", "output_config")
+        if effort is not None:
+            metadata["effort"] = effort
+        json_schema = anthropic_schema(output_config)
     ignored = unknown_keys(root, _READ_FIELDS)
     if ignored:
         metadata["ignored_fields"] = ignored
@@ -139,6 +146,7 @@ def parse_request(body: object) -> NeutralRequest:
         top_p=optional_number(root, "top_p", ""),
         top_k=optional_int(root, "top_k", ""),
         stop=() if stop is None else string_list(stop, "stop_sequences"),
+        json_schema=json_schema,
     )
     return NeutralRequest(
         dialect=DIALECT,

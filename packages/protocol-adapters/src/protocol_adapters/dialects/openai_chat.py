@@ -12,6 +12,8 @@ Decisions a reader should know:
 - Tools other than ``type: "function"`` are not offered to the model; their types are listed in
   ``metadata["ignored_tools"]``.
 - ``n`` other than 1, ``audio`` output and legacy ``function_call`` are rejected.
+- ``response_format`` (JSON schema or JSON object) constrains the engine's output (see
+  ``structured_output.py``).
 - A ``tool`` message must follow an assistant message with ``tool_calls`` (or another tool
   message answering it) and name one of its call ids, or the request is refused with the API's
   own 400 (wording, misspelling included, and ``param``): a result for a call that never
@@ -57,6 +59,7 @@ from .json_shape import (
 from .openai_errors import openai_error
 from .openai_tools import function_tools, nested, tool_choice
 from .sse import DONE, sse_event
+from .structured_output import openai_schema
 
 DIALECT = "openai_chat"
 
@@ -78,6 +81,7 @@ _READ_FIELDS = frozenset(
         "reasoning_effort",
         "n",
         "user",
+        "response_format",
     )
 )
 _FINISH_REASONS = {
@@ -137,6 +141,7 @@ def parse_request(body: object) -> NeutralRequest:
         top_p=optional_number(root, "top_p", ""),
         top_k=optional_int(root, "top_k", ""),
         stop=_stop(root.get("stop")),
+        json_schema=openai_schema(root.get("response_format"), "response_format", nested=True),
     )
     return NeutralRequest(
         dialect=DIALECT,

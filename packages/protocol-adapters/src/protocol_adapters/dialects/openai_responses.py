@@ -20,6 +20,8 @@ Decisions a reader should know:
   to the model; their types are listed in ``metadata["ignored_tools"]``. Input items of those
   kinds cannot occur (we never produce them) and are rejected.
 - ``previous_response_id`` is rejected: nothing is stored; send the full input (``store: false``).
+- ``text.format`` (JSON schema or JSON object) constrains the engine's output (see
+  ``structured_output.py``).
 - A ``function_call_output`` must answer a ``function_call`` earlier in the input, or the request
   is refused with the API's own 400: a result for a call that never happened would be trained
   as context.
@@ -67,6 +69,7 @@ from .openai_chat import data_url_type
 from .openai_errors import error_code, openai_error
 from .openai_tools import flat, function_tools, tool_choice
 from .sse import sse_event
+from .structured_output import openai_schema
 
 DIALECT = "openai_responses"
 
@@ -88,6 +91,7 @@ _READ_FIELDS = frozenset(
         "top_k",
         "stream",
         "previous_response_id",
+        "text",
     )
 )
 _MESSAGE_ROLES = {
@@ -148,11 +152,15 @@ def parse_request(body: object) -> NeutralRequest:
     if ignored:
         metadata["ignored_fields"] = ignored
 
+    text = optional_object(root, "text", "")
     sampling = ClientSampling(
         max_tokens=optional_int(root, "max_output_tokens", "", minimum=1),
         temperature=optional_number(root, "temperature", ""),
         top_p=optional_number(root, "top_p", ""),
         top_k=optional_int(root, "top_k", ""),
+        json_schema=None
+        if text is None
+        else openai_schema(text.get("format"), "text.format", nested=False),
     )
     return NeutralRequest(
         dialect=DIALECT,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .sessions import SessionLimits
+from .side_requests import DEFAULT_RULES, SideRequestRule
 from .workers import LargeBodies
 
 
@@ -56,3 +57,5 @@ class AdapterConfig:
     """Enables the session API for out-of-process callers, on its own listener."""
     replay_retries: bool = False
     """Answer a client's identical retry with the recorded reply instead of generating again."""
+    side_requests: tuple[SideRequestRule, ...] = DEFAULT_RULES
+    """Shapes of the CLIs' housekeeping calls: answered, recorded, never trained (``()``: none)."""

@@ -49,6 +49,7 @@ from trajectory_tree import (
 from .config import AdapterConfig, RolloutSampling
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
+from .side_requests import side_request
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ KEPT_HEADERS = ("x-codex-turn-metadata", "x-claude-code-session-id", "session_id
 """Headers kept verbatim in each turn's ``meta.extra``."""
 READ_HEADERS = (*KEPT_HEADERS, AGENT_ID_HEADER, RETRY_HEADER)
 """Every request header that reaches the tree; the server checks they are valid UTF-8."""
+SIDE_REQUEST = "side_request"
+"""``meta.extra`` key naming the side-request rule a call matched (see ``side_requests.py``)."""
 
 _ENGINE_INPUT_TOO_LONG = re.compile(
     r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"
@@ -116,6 +119,7 @@ def choose_sampling(
         top_k=top_k,
         stop=tuple(client.stop),
         stop_token_ids=stop_token_ids,
+        json_schema=client.json_schema,
     )
     record = {
         "temperature": repr(params.temperature),
@@ -126,6 +130,8 @@ def choose_sampling(
     }
     if client.max_tokens is not None:
         record["client_max_tokens"] = str(client.max_tokens)
+    if client.json_schema is not None:
+        record["json_schema"] = client.json_schema
     if client.temperature is not None:
         record["client_temperature"] = repr(client.temperature)
     if client.top_p is not None:
@@ -218,6 +224,9 @@ class TurnRunner:
         engine_request = GenerateRequest(
             input_ids=tuple(rendered.ids), sampling=params, routing_key=session.token, rid=new_rid()
         )
+        side = side_request(self._config.side_requests, request)
+        if side is not None:
+            record[SIDE_REQUEST] = side
         return rendered, engine_request, record
 
     def _record(
@@ -430,6 +439,7 @@ def _meta(
         started_at=started,
         finished_at=time.time(),
         agent_id=headers.get(AGENT_ID_HEADER),
+        side_request=SIDE_REQUEST in record,
         malformed_tool_calls=reply.malformed_tool_calls,
         extra=extra,
     )
