@@ -514,7 +514,7 @@ def test_registry_wraps_the_module() -> None:
     dialect = DIALECTS["anthropic"]
     request = dialect.parse_request(claude_code_body())
     body = dialect.response_body(
-        request, ParsedReply(REPLY), Usage(1, 2), StopReason.TOOL_USE, "m1"
+        request, ParsedReply(REPLY), Usage(1, 2), StopReason.TOOL_USE, "m1", None
     )
     assert body["model"] == "policy"
     assert dialect.new_response_id().startswith("msg_")

@@ -485,7 +485,9 @@ def test_error_responses_are_what_the_sdk_expects(
 def test_registry_echoes_request_settings() -> None:
     dialect = DIALECTS["openai_responses"]
     request = dialect.parse_request(codex_body())
-    body = dialect.response_body(request, ParsedReply(REPLY), Usage(1, 1), StopReason.TOOL_USE, "r")
+    body = dialect.response_body(
+        request, ParsedReply(REPLY), Usage(1, 1), StopReason.TOOL_USE, "r", None
+    )
     assert Response.model_validate(body).tools[0].type == "function"
     assert dialect.new_response_id().startswith("resp_")
 

@@ -27,6 +27,10 @@ class ClientSampling:
     json_schema: str | None = None
     """The JSON schema (as JSON text) the reply must follow: the client asked for structured
     output. Always honoured, whoever decides the sampling."""
+    logprobs: bool = False
+    """Whether the client wants each generated token's logprob back."""
+    top_logprobs: int = 0
+    """How many most likely alternatives it wants per token (with ``logprobs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,20 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token as the engine gave it, for clients that ask for logprobs.
+
+    ``token`` is its text (``bytes:\\xe7\\x8c`` style when it is part of a UTF-8 character),
+    ``raw`` its exact bytes; ``top`` the most likely tokens at its position, most likely first.
+    """
+
+    token: str
+    raw: bytes
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
 
 
 # -- what a reply is made of, in the order the model produced it ------------------------------

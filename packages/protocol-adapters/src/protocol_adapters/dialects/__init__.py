@@ -10,12 +10,13 @@ way::
     encoder = dialect.stream_encoder(request, response_id)
     writer.write(encoder.start(Usage(prompt_tokens, 0)))
     for event in reply_events: writer.write(encoder.event(event))
+    writer.write(encoder.logprobs(tokens))                # when the client asked for them
     writer.write(encoder.finish(stop, usage))
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +26,7 @@ from protocol_adapters.types import (
     ParsedReply,
     ReplyEvent,
     StopReason,
+    TokenLogprob,
     Usage,
 )
 
@@ -38,6 +40,8 @@ class StreamEncoder(Protocol):
 
     def event(self, e: ReplyEvent) -> bytes: ...
 
+    def logprobs(self, tokens: Sequence[TokenLogprob]) -> bytes: ...
+
     def finish(self, stop: StopReason, usage: Usage) -> bytes: ...
 
     def error(self, kind: ErrorKind, message: str) -> bytes: ...
@@ -50,30 +54,53 @@ class Dialect:
     name: str
     parse_request: Callable[[object], NeutralRequest]
     response_body: Callable[
-        [NeutralRequest, ParsedReply, Usage, StopReason, str], dict[str, object]
+        [NeutralRequest, ParsedReply, Usage, StopReason, str, Sequence[TokenLogprob] | None],
+        dict[str, object],
     ]
     stream_encoder: Callable[[NeutralRequest, str], StreamEncoder]
     error_response: Callable[[ErrorKind, str, str | None], tuple[int, dict[str, object]]]
     new_response_id: Callable[[], str]
 
 
+Logprobs = Sequence[TokenLogprob] | None
+"""The generated tokens' logprobs, when the client asked for them."""
+
+
 def _anthropic_body(
-    request: NeutralRequest, reply: ParsedReply, usage: Usage, stop: StopReason, response_id: str
+    request: NeutralRequest,
+    reply: ParsedReply,
+    usage: Usage,
+    stop: StopReason,
+    response_id: str,
+    logprobs: Logprobs,
 ) -> dict[str, object]:
+    del logprobs  # the Messages API has no token logprobs
     return anthropic.response_body(reply, usage, stop, request.model, response_id)
 
 
 def _chat_body(
-    request: NeutralRequest, reply: ParsedReply, usage: Usage, stop: StopReason, response_id: str
+    request: NeutralRequest,
+    reply: ParsedReply,
+    usage: Usage,
+    stop: StopReason,
+    response_id: str,
+    logprobs: Logprobs,
 ) -> dict[str, object]:
-    return openai_chat.response_body(reply, usage, stop, request.model, response_id)
+    return openai_chat.response_body(
+        reply, usage, stop, request.model, response_id, logprobs=logprobs
+    )
 
 
 def _responses_body(
-    request: NeutralRequest, reply: ParsedReply, usage: Usage, stop: StopReason, response_id: str
+    request: NeutralRequest,
+    reply: ParsedReply,
+    usage: Usage,
+    stop: StopReason,
+    response_id: str,
+    logprobs: Logprobs,
 ) -> dict[str, object]:
     return openai_responses.response_body(
-        reply, usage, stop, request.model, response_id, request=request
+        reply, usage, stop, request.model, response_id, request=request, logprobs=logprobs
     )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from protocol_adapters.types import (
@@ -40,6 +40,7 @@ from protocol_adapters.types import (
     ReplyEvent,
     StopReason,
     TextDelta,
+    TokenLogprob,
     ToolCallDone,
     Usage,
 )
@@ -436,6 +437,11 @@ class StreamEncoder:
         assert isinstance(e, TextDelta)
         out = b"" if self._open == "text" else self._close() + self._begin("text")
         return out + self._delta({"type": "text_delta", "text": e.text})
+
+    def logprobs(self, tokens: Sequence[TokenLogprob]) -> bytes:
+        """The Messages API has no token logprobs: nothing to write."""
+        del tokens
+        return b""
 
     def finish(self, stop: StopReason, usage: Usage) -> bytes:
         self._check_open()

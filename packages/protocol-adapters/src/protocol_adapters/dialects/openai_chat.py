@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 
 from protocol_adapters.types import (
     AdapterError,
@@ -35,6 +36,7 @@ from protocol_adapters.types import (
     ReplyEvent,
     StopReason,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall
@@ -57,6 +59,7 @@ from .json_shape import (
     unknown_keys,
 )
 from .openai_errors import openai_error
+from .openai_logprobs import logprob_entries, top_logprobs
 from .openai_tools import function_tools, nested, tool_choice
 from .sse import DONE, sse_event
 from .structured_output import openai_schema
@@ -82,6 +85,8 @@ _READ_FIELDS = frozenset(
         "n",
         "user",
         "response_format",
+        "logprobs",
+        "top_logprobs",
     )
 )
 _FINISH_REASONS = {
@@ -132,6 +137,10 @@ def parse_request(body: object) -> NeutralRequest:
     if ignored:
         metadata["ignored_fields"] = ignored
 
+    logprobs = optional_bool(root, "logprobs", "") or False
+    top = top_logprobs(root)
+    if top and not logprobs:
+        fail("top_logprobs", "needs logprobs: true")
     max_tokens = optional_int(root, "max_completion_tokens", "", minimum=1)
     if max_tokens is None:
         max_tokens = optional_int(root, "max_tokens", "", minimum=1)
@@ -142,6 +151,8 @@ def parse_request(body: object) -> NeutralRequest:
         top_k=optional_int(root, "top_k", ""),
         stop=_stop(root.get("stop")),
         json_schema=openai_schema(root.get("response_format"), "response_format", nested=True),
+        logprobs=logprobs,
+        top_logprobs=top,
     )
     return NeutralRequest(
         dialect=DIALECT,
@@ -307,6 +318,10 @@ def _tool_call_json(call: ToolCall) -> dict[str, object]:
     }
 
 
+def _logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, object]:
+    return {"content": logprob_entries(tokens), "refusal": None}
+
+
 def response_body(
     reply: ParsedReply,
     usage: Usage,
@@ -315,8 +330,10 @@ def response_body(
     response_id: str,
     *,
     created: int | None = None,
+    logprobs: Sequence[TokenLogprob] | None = None,
 ) -> dict[str, object]:
-    """The non-streaming ``chat.completion`` object for a reply."""
+    """The non-streaming ``chat.completion`` object for a reply (``logprobs``: the generated
+    tokens, when the client asked for them)."""
     message = reply.message
     text = [b.text for b in message.content if isinstance(b, Text)]
     body: dict[str, object] = {"role": "assistant", "content": "".join(text) if text else None}
@@ -324,7 +341,12 @@ def response_body(
         body["reasoning_content"] = "".join(r.text for r in message.reasoning)
     if message.tool_calls:
         body["tool_calls"] = [_tool_call_json(call) for call in message.tool_calls]
-    choice = {"index": 0, "message": body, "finish_reason": _FINISH_REASONS[stop], "logprobs": None}
+    choice = {
+        "index": 0,
+        "message": body,
+        "finish_reason": _FINISH_REASONS[stop],
+        "logprobs": None if logprobs is None else _logprobs(logprobs),
+    }
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -339,7 +361,8 @@ class StreamEncoder:
     """Turns one reply's events into ``chat.completion.chunk`` SSE lines ending in ``[DONE]``.
 
     With ``include_usage`` (the client's ``stream_options.include_usage``) every chunk carries
-    ``"usage": null`` and a final chunk with empty ``choices`` carries the real usage.
+    ``"usage": null`` and a final chunk with empty ``choices`` carries the real usage. Token
+    logprobs given to :meth:`logprobs` ride on the next chunk written (the last on the finish).
     """
 
     def __init__(
@@ -356,6 +379,7 @@ class StreamEncoder:
         self._created = int(time.time()) if created is None else created
         self._calls = 0
         self._done = False
+        self._tokens: list[TokenLogprob] = []
 
     def start(self, usage_in: Usage) -> bytes:
         del usage_in  # Chat Completions reports usage only at the end.
@@ -371,6 +395,10 @@ class StreamEncoder:
         call = {"index": self._calls, **_tool_call_json(e.call)}
         self._calls += 1
         return self._chunk({"tool_calls": [call]})
+
+    def logprobs(self, tokens: Sequence[TokenLogprob]) -> bytes:
+        self._tokens.extend(tokens)
+        return b""
 
     def finish(self, stop: StopReason, usage: Usage) -> bytes:
         self._check_open()
@@ -391,7 +419,13 @@ class StreamEncoder:
             raise RuntimeError("the stream has already ended")
 
     def _chunk(self, delta: dict[str, object], finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "finish_reason": finish_reason,
+            "logprobs": _logprobs(self._tokens) if self._tokens else None,
+        }
+        self._tokens = []
         return sse_event(self._envelope([choice], None))
 
     def _envelope(self, choices: list[object], usage: dict[str, int] | None) -> dict[str, object]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 
 from protocol_adapters.types import (
     AdapterError,
@@ -43,6 +44,7 @@ from protocol_adapters.types import (
     ReplyEvent,
     StopReason,
     TextDelta,
+    TokenLogprob,
     ToolCallDone,
     Usage,
 )
@@ -67,11 +69,14 @@ from .json_shape import (
 from .opaque import decode_reasoning, encode_reasoning
 from .openai_chat import data_url_type
 from .openai_errors import error_code, openai_error
+from .openai_logprobs import logprob_entries, top_logprobs
 from .openai_tools import flat, function_tools, tool_choice
 from .sse import sse_event
 from .structured_output import openai_schema
 
 DIALECT = "openai_responses"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The ``include`` entry that asks for the generated tokens' logprobs."""
 
 _READ_FIELDS = frozenset(
     (
@@ -92,6 +97,7 @@ _READ_FIELDS = frozenset(
         "stream",
         "previous_response_id",
         "text",
+        "top_logprobs",
     )
 )
 _MESSAGE_ROLES = {
@@ -142,9 +148,9 @@ def parse_request(body: object) -> NeutralRequest:
     store = optional_bool(root, "store", "")
     if store is not None:
         metadata["store"] = "true" if store else "false"
-    include = root.get("include")
-    if include is not None:
-        metadata["include"] = ",".join(string_list(include, "include"))
+    include = () if root.get("include") is None else string_list(root["include"], "include")
+    if include:
+        metadata["include"] = ",".join(include)
     cache_key = optional_str(root, "prompt_cache_key", "")
     if cache_key is not None:
         metadata["prompt_cache_key"] = cache_key
@@ -161,6 +167,8 @@ def parse_request(body: object) -> NeutralRequest:
         json_schema=None
         if text is None
         else openai_schema(text.get("format"), "text.format", nested=False),
+        logprobs=LOGPROBS_INCLUDE in include,
+        top_logprobs=top_logprobs(root),
     )
     return NeutralRequest(
         dialect=DIALECT,
@@ -419,6 +427,20 @@ def _final_status(stop: StopReason) -> str:
     return "incomplete" if stop is StopReason.MAX_TOKENS else "completed"
 
 
+def with_logprobs(
+    output: list[dict[str, object]], tokens: Sequence[TokenLogprob]
+) -> list[dict[str, object]]:
+    """``output`` with every generated token's logprob on the first ``output_text`` part (a
+    reply without text has no place for them in this format)."""
+    for index, item in enumerate(output):
+        content = item.get("content")
+        if item["type"] == "message" and isinstance(content, list) and content:
+            first = {**content[0], "logprobs": logprob_entries(tokens)}
+            changed = {**item, "content": [first, *content[1:]]}
+            return [*output[:index], changed, *output[index + 1 :]]
+    return output
+
+
 def response_body(
     reply: ParsedReply,
     usage: Usage,
@@ -428,10 +450,14 @@ def response_body(
     *,
     request: NeutralRequest | None = None,
     created_at: int | None = None,
+    logprobs: Sequence[TokenLogprob] | None = None,
 ) -> dict[str, object]:
-    """The non-streaming ``response`` object; ``request`` fills the echoed settings (tools...)."""
+    """The non-streaming ``response`` object; ``request`` fills the echoed settings (tools...),
+    ``logprobs`` are the generated tokens when the client included them."""
     created = int(time.time()) if created_at is None else created_at
     output = output_items(reply.message, response_id)
+    if logprobs is not None:
+        output = with_logprobs(output, logprobs)
     return _response(response_id, model, created, _final_status(stop), output, usage, request)
 
 
@@ -440,7 +466,9 @@ class StreamEncoder:
 
     Items open on their first event and close (``*.done`` then ``response.output_item.done``)
     when an event of another kind arrives or the reply ends, so every item is announced,
-    filled and finished in order, as OpenAI streams them.
+    filled and finished in order, as OpenAI streams them. Token logprobs given to
+    :meth:`logprobs` ride on the next text delta; the final response carries all of them, as
+    the non-streaming one does.
     """
 
     def __init__(
@@ -461,6 +489,8 @@ class StreamEncoder:
         self._text: list[str] = []
         self._started = False
         self._done = False
+        self._tokens: list[TokenLogprob] = []
+        self._pending: list[TokenLogprob] = []
 
     def start(self, usage_in: Usage) -> bytes:
         del usage_in  # Responses reports usage only in the final response object.
@@ -483,13 +513,14 @@ class StreamEncoder:
         index = len(self._output)
         item_id = self._current_id()
         if isinstance(e, TextDelta):
+            pending, self._pending = self._pending, []
             return out + self._emit(
                 "response.output_text.delta",
                 item_id=item_id,
                 output_index=index,
                 content_index=0,
                 delta=e.text,
-                logprobs=[],
+                logprobs=logprob_entries(pending),
             )
         return out + self._emit(
             "response.reasoning_summary_text.delta",
@@ -499,13 +530,23 @@ class StreamEncoder:
             delta=e.text,
         )
 
+    def logprobs(self, tokens: Sequence[TokenLogprob]) -> bytes:
+        self._tokens.extend(tokens)
+        self._pending.extend(tokens)
+        return b""
+
     def finish(self, stop: StopReason, usage: Usage) -> bytes:
         self._check_open()
         out = self._close()
         self._done = True
         status = _final_status(stop)
         event = "response.incomplete" if status == "incomplete" else "response.completed"
-        return out + self._emit(event, response=self._snapshot(status, usage))
+        response = self._snapshot(status, usage)
+        if self._request is not None and self._request.sampling.logprobs:
+            output = response["output"]
+            assert isinstance(output, list)
+            response["output"] = with_logprobs(output, self._tokens)
+        return out + self._emit(event, response=response)
 
     def error(self, kind: ErrorKind, message: str) -> bytes:
         """``response.failed`` with the error code Codex branches on (created first if need be)."""

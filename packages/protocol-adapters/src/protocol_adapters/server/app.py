@@ -18,7 +18,7 @@ from protocol_adapters.types import AdapterError, ErrorKind, NeutralRequest, Usa
 
 from .config import AdapterConfig
 from .sessions import Session, SessionRegistry
-from .turn import READ_HEADERS, Finished, Started, TurnRunner
+from .turn import READ_HEADERS, Finished, Generated, Started, TurnRunner
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,12 @@ def model_handler(dialect: Dialect) -> Handler:
             if not neutral.stream:
                 outcome = await runner.run(session, neutral, headers)
                 payload = dialect.response_body(
-                    neutral, outcome.reply, outcome.usage, outcome.stop, dialect.new_response_id()
+                    neutral,
+                    outcome.reply,
+                    outcome.usage,
+                    outcome.stop,
+                    dialect.new_response_id(),
+                    outcome.logprobs,
                 )
                 return web.json_response(payload)
             return await _stream(request, dialect, runner, session, neutral, headers)
@@ -157,6 +162,11 @@ async def _stream(
                 )
                 await response.prepare(request)
                 await response.write(encoder.start(Usage(item.prompt_tokens, 0)))
+            elif isinstance(item, Generated):
+                assert response is not None
+                data = encoder.logprobs(item.tokens)  # OpenAI's: held for the next event
+                if data:
+                    await response.write(data)
             elif isinstance(item, Finished):
                 assert response is not None
                 outcome = item.outcome

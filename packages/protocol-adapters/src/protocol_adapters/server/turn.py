@@ -18,11 +18,11 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from protocol_adapters.engine.protocol import Engine
-from protocol_adapters.engine.types import GenerateRequest, SamplingParams, new_rid
+from protocol_adapters.engine.types import GenerateRequest, SamplingParams, TopLogprobs, new_rid
 from protocol_adapters.parsing.decode import IncrementalDecoder
 from protocol_adapters.parsing.stream import events_of
 from protocol_adapters.rendering import PromptTooLong
@@ -35,6 +35,7 @@ from protocol_adapters.types import (
     ParsedReply,
     ReplyEvent,
     StopReason,
+    TokenLogprob,
     Usage,
     stop_reason,
 )
@@ -47,6 +48,7 @@ from trajectory_tree import (
 )
 
 from .config import AdapterConfig, RolloutSampling
+from .logprobs import token_logprobs
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
 from .side_requests import side_request
@@ -76,6 +78,8 @@ class TurnOutcome:
     usage: Usage
     stop: StopReason
     turn: Turn | None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Every generated token's logprob, when the client asked for them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +94,15 @@ class Finished:
     outcome: TurnOutcome
 
 
-StreamItem = Started | ReplyEvent | Finished
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """The logprobs of tokens just generated (only when the client asked for them), yielded
+    before the reply events those tokens make."""
+
+    tokens: tuple[TokenLogprob, ...]
+
+
+StreamItem = Started | ReplyEvent | Generated | Finished
 
 
 def choose_sampling(
@@ -221,8 +233,13 @@ class TurnRunner:
             room=session.room(prompt_tokens),
             stop_token_ids=self._stop_ids,
         )
+        client = request.sampling
         engine_request = GenerateRequest(
-            input_ids=tuple(rendered.ids), sampling=params, routing_key=session.token, rid=new_rid()
+            input_ids=tuple(rendered.ids),
+            sampling=params,
+            routing_key=session.token,
+            rid=new_rid(),
+            top_logprobs=client.top_logprobs if client.logprobs else 0,
         )
         side = side_request(self._config.side_requests, request)
         if side is not None:
@@ -239,6 +256,28 @@ class TurnRunner:
         meta: TurnMeta,
     ) -> Turn:
         return session.tree.record(route, rendered.prompt, completion, reply.message, meta)
+
+    def _logprobs(
+        self,
+        request: NeutralRequest,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        top: Sequence[TopLogprobs],
+    ) -> tuple[TokenLogprob, ...] | None:
+        if not request.sampling.logprobs:
+            return None
+        return token_logprobs(self._vocabulary, ids, logprobs, top)
+
+    def _replayed(self, route: Route, turn: Turn, request: NeutralRequest) -> TurnOutcome:
+        """The recorded answer again. Its logprobs are the engine's; the alternatives were not
+        recorded, so a replay lists none."""
+        reply = ParsedReply(turn.reply, turn.meta.malformed_tool_calls)
+        usage = Usage(turn.prompt_length, turn.output_length)
+        ids = route.tree.output_ids(turn)
+        logprobs = self._logprobs(request, ids, turn.output_logprobs, ())
+        return TurnOutcome(
+            reply, usage, stop_reason(turn.finish_reason, turn.reply), None, logprobs
+        )
 
     def _replay(self, route: Route, headers: Mapping[str, str]) -> Turn | None:
         """The recorded answer to send again, when this request is its agent's retry.
@@ -263,7 +302,7 @@ class TurnRunner:
         route, rendered, engine_request, record = await self._prepare(session, request)
         replay = self._replay(route, headers)
         if replay is not None:
-            return _replayed(replay)
+            return self._replayed(route, replay, request)
         session.in_flight.add(engine_request.rid)
         try:
             result = await self._engine.generate(engine_request)
@@ -291,7 +330,11 @@ class TurnRunner:
             raise _engine_aborted(session, result.abort_message)
         turn = self._record(session, route, rendered, result.to_completion(), reply, meta)
         usage = Usage(len(engine_request.input_ids), len(result.output_ids))
-        return TurnOutcome(reply, usage, stop_reason(result.finish_reason, reply.message), turn)
+        stop = stop_reason(result.finish_reason, reply.message)
+        logprobs = self._logprobs(
+            request, result.output_ids, result.output_logprobs, result.top_logprobs
+        )
+        return TurnOutcome(reply, usage, stop, turn, logprobs)
 
     async def _stream(
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
@@ -300,11 +343,13 @@ class TurnRunner:
         route, rendered, engine_request, record = await self._prepare(session, request)
         replay = self._replay(route, headers)
         if replay is not None:
-            outcome = _replayed(replay)
+            outcome = self._replayed(route, replay, request)
             yield Started(outcome.usage.prompt_tokens)
+            if outcome.logprobs is not None:
+                yield Generated(outcome.logprobs)
             for event in events_of(outcome.reply.message):
                 yield event
-            yield Finished(outcome)
+            yield Finished(replace(outcome, logprobs=None))
             return
         parser = self._parsers(request.prompt.tools)
         decoder = IncrementalDecoder(self._vocabulary)
@@ -342,6 +387,11 @@ class TurnRunner:
                     # retry or compact on.
                     announced = True
                     yield Started(len(engine_request.input_ids))
+                tokens = self._logprobs(
+                    request, chunk.output_ids, chunk.output_logprobs, chunk.top_logprobs
+                )
+                if tokens:
+                    yield Generated(tokens)
                 for event in reply_stream.feed(decoder.feed(chunk.output_ids)):
                     yield event
         except AdapterError as exc:
@@ -443,9 +493,3 @@ def _meta(
         malformed_tool_calls=reply.malformed_tool_calls,
         extra=extra,
     )
-
-
-def _replayed(turn: Turn) -> TurnOutcome:
-    reply = ParsedReply(turn.reply, turn.meta.malformed_tool_calls)
-    usage = Usage(turn.prompt_length, turn.output_length)
-    return TurnOutcome(reply, usage, stop_reason(turn.finish_reason, turn.reply), None)

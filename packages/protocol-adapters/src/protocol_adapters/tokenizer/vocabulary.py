@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from .byte_level import QWEN_SPLIT_PATTERN
+from .byte_level import QWEN_SPLIT_PATTERN, byte_to_unicode
 from .special_tokens import END_OF_TEXT, END_OF_TURN
 
 PIECE_CUTS = re.compile(r"(?<=\n)(?=[!-~\w])|(?<=[!-~\w])(?=[ 0-9])")
@@ -42,6 +42,9 @@ PIECE_CHARS = 32_768
 """Target size of one counted piece (a piece runs to the first cut after it)."""
 
 
+_UNICODE_TO_BYTE = {char: byte for byte, char in byte_to_unicode().items()}
+
+
 class TooManyTokens(ValueError):
     """Text encodes to more tokens than allowed. ``counted`` is more than the limit and at most
     the true count: encoding stopped once the limit was passed."""
@@ -54,7 +57,7 @@ class TooManyTokens(ValueError):
 class Vocabulary:
     """Encode/decode plus the ids that end a turn."""
 
-    __slots__ = ("_added_ids", "_piecewise", "_stop_ids", "name", "tokenizer")
+    __slots__ = ("_added_ids", "_byte_level", "_piecewise", "_stop_ids", "name", "tokenizer")
 
     def __init__(
         self,
@@ -67,6 +70,10 @@ class Vocabulary:
         self._added_ids = frozenset(tokenizer.get_added_tokens_decoder())
         self._stop_ids = frozenset(self.token_id(t) for t in stop_tokens)
         self._piecewise = _splits_like_qwen(tokenizer)
+        decoder = tokenizer.decoder
+        self._byte_level = (
+            decoder is not None and json.loads(decoder.__getstate__()).get("type") == "ByteLevel"
+        )
 
     @classmethod
     def from_file(cls, path: Path, name: str | None = None) -> Vocabulary:
@@ -129,6 +136,18 @@ class Vocabulary:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with every special token spelled out (nothing skipped)."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: exact for byte-level vocabularies (a token may be part
+        of a UTF-8 character), an added token's text, else the token decoded alone."""
+        token = self.tokenizer.id_to_token(token_id)
+        if token is None:
+            raise KeyError(f"{token_id} is not a token id of {self.name}")
+        if self.is_added(token_id):
+            return str(token).encode()
+        if self._byte_level:
+            return bytes(_UNICODE_TO_BYTE[char] for char in token)
+        return self.decode([token_id]).encode()
 
     def token_id(self, token: str) -> int:
         """The id of a single token, or a clear error if the vocabulary lacks it."""
