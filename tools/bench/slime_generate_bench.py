@@ -20,7 +20,9 @@ does (settings, sampling check, the episode, conversion to samples off the loop,
 trained token. For Ray, only this process's CPU is counted: the driver's share (dispatch, the
 report's JSON, conversion), which is what slime's rollout process pays; the episodes run in the
 workers. ``wall overhead`` is each generate call's wall time minus the time inside the app's
-function (measured by the generate function), waiting for the shared loop included. ``start``
+function (measured by the generate function), waiting for the shared loop included; of it,
+``convert`` is the conversion to samples and ``ray hop`` the report's trip from the worker
+(both as the episode's provenance records them). ``start``
 is the first call, which starts the adapter (checkpoint, engine client, listener) or the Ray
 workers, once per process. Target: overhead under 50 ms per episode, linear in trained tokens.
 """
@@ -87,6 +89,9 @@ COLUMNS = (
     "us CPU/trained tok",
     "wall overhead mean",
     "wall overhead p99",
+    "convert ms",
+    "ray hop ms",
+    "aborted",
 )
 
 
@@ -150,13 +155,18 @@ async def row(
             used = (time.process_time() - cpu) / episodes
         finally:
             await generate.aclose()
-    walls, trained = [], []
+    walls, trained, aborted, converts, hops = [], [], [], [], []
     for elapsed, samples in results:
         facts = samples[0].metadata["agent_rl"]["episode"]
         if facts["status"] != "completed":
-            raise SystemExit(f"an episode did not complete: {facts['reason']}")
+            aborted.append(facts["reason"])
+            continue
         walls.append(elapsed - facts["rollout"]["app_s"])
         trained.append(facts["trained_tokens"])
+        converts.append(facts["rollout"]["convert_s"])
+        hops.append(facts["rollout"].get("ray_hop_s", 0.0))
+    for reason in sorted(set(aborted)):
+        print(f"{mode} x{episodes}: {aborted.count(reason)} aborted: {reason}", file=sys.stderr)
     walls.sort()
     p99 = walls[min(len(walls) - 1, int(len(walls) * 0.99))]
     overhead = used - floor
@@ -171,6 +181,9 @@ async def row(
         f"{overhead * 1e6 / statistics.mean(trained):.2f}",
         f"{statistics.mean(walls) * 1000:.1f}",
         f"{p99 * 1000:.1f}",
+        f"{statistics.mean(converts) * 1000:.2f}",
+        f"{statistics.mean(hops) * 1000:.1f}" if mode == "ray" else "-",
+        str(len(aborted)),
     ]
 
 
@@ -207,7 +220,9 @@ async def table(
     for mode in modes:
         for padding in paddings:
             for episodes in counts:
-                result.add_row(*await row(mode, episodes, padding, vocabulary, checkpoint))
+                cells = await row(mode, episodes, padding, vocabulary, checkpoint)
+                print(" | ".join(cells), file=sys.stderr, flush=True)
+                result.add_row(*cells)
     return result
 
 

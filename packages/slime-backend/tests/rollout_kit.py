@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,24 @@ class AgentModel:
         return reply
 
 
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anthropic.AsyncAnthropic] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def anthropic_client() -> anthropic.AsyncAnthropic:
+    """One SDK client per event loop, as one agent process would have: building one costs tens
+    of milliseconds of CPU (TLS setup), which hundreds of concurrent episodes would otherwise pay
+    on the loop they share here. Episodes use copies with their own URL and key."""
+    loop = asyncio.get_running_loop()
+    client = _CLIENTS.get(loop)
+    if client is None:
+        client = _CLIENTS[loop] = anthropic.AsyncAnthropic(
+            base_url="http://127.0.0.1", api_key="unused", max_retries=0
+        )
+    return client
+
+
 async def scripted_episode(
     task: Mapping[str, JsonValue],
     session: AdapterSession,
@@ -203,56 +222,51 @@ async def scripted_episode(
     never returns after its first model call; ``sleep_s`` waits before grading;
     ``tolerate_errors`` stops at a failed model call and is graded anyway, as a CLI would be.
     """
-    client = anthropic.AsyncAnthropic(
-        base_url=session.base_url, api_key=session.token, max_retries=0
-    )
-    try:
-        messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py."}]
-        tool_calls = 0
-        for _ in range(budgets.max_turns):
-            try:
-                reply = await client.messages.create(
-                    model="policy",
-                    system=MAIN_SYSTEM,
-                    messages=messages,  # type: ignore[arg-type]
-                    tools=[TOOL],  # type: ignore[list-item]
-                    max_tokens=budgets.max_new_tokens,
-                    extra_body={"temperature": 0.3},  # the rollout's temperature must win
-                )
-            except anthropic.APIError:
-                if not task.get("tolerate_errors"):
-                    raise
-                break  # a CLI that gives up after an error, then gets graded
-            if task.get("hang"):
-                await asyncio.Event().wait()
-            messages.append({"role": "assistant", "content": reply.content})
-            uses = [b for b in reply.content if b.type == "tool_use"]
-            if not uses:
-                break
-            tool_calls += len(uses)
-            messages.append(
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "tool_result", "tool_use_id": b.id, "content": f"ran {b.input}"}
-                        for b in uses
-                    ],
-                }
-            )
-        if task.get("subagent"):
-            await client.messages.create(
+    client = anthropic_client().with_options(base_url=session.base_url, api_key=session.token)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py."}]
+    tool_calls = 0
+    for _ in range(budgets.max_turns):
+        try:
+            reply = await client.messages.create(
                 model="policy",
-                system=SUB_SYSTEM,
-                messages=[{"role": "user", "content": "Where is the bug?"}],
+                system=MAIN_SYSTEM,
+                messages=messages,  # type: ignore[arg-type]
+                tools=[TOOL],  # type: ignore[list-item]
                 max_tokens=budgets.max_new_tokens,
+                extra_body={"temperature": 0.3},  # the rollout's temperature must win
             )
-        if task.get("raise"):
-            raise RuntimeError("grading crashed")
-        sleep = task.get("sleep_s")
-        if isinstance(sleep, int | float):
-            await asyncio.sleep(sleep)
-    finally:
-        await client.close()
+        except anthropic.APIError:
+            if not task.get("tolerate_errors"):
+                raise
+            break  # a CLI that gives up after an error, then gets graded
+        if task.get("hang"):
+            await asyncio.Event().wait()
+        messages.append({"role": "assistant", "content": reply.content})
+        uses = [b for b in reply.content if b.type == "tool_use"]
+        if not uses:
+            break
+        tool_calls += len(uses)
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": b.id, "content": f"ran {b.input}"}
+                    for b in uses
+                ],
+            }
+        )
+    if task.get("subagent"):
+        await client.messages.create(
+            model="policy",
+            system=SUB_SYSTEM,
+            messages=[{"role": "user", "content": "Where is the bug?"}],
+            max_tokens=budgets.max_new_tokens,
+        )
+    if task.get("raise"):
+        raise RuntimeError("grading crashed")
+    sleep = task.get("sleep_s")
+    if isinstance(sleep, int | float):
+        await asyncio.sleep(sleep)
     reward = task.get("reward", 0.0)
     assert isinstance(reward, int | float)
     return EpisodeOutcome(float(reward), artifacts={"tool_calls": tool_calls})

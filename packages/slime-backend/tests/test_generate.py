@@ -108,6 +108,8 @@ async def test_a_rollout_step_through_the_generate_function(
             assert episode["status"] == "completed"
             assert episode["rollout"]["worker"] == "local"
             assert episode["rollout"]["engine_failures"] == 0
+            assert 0 <= episode["rollout"]["convert_s"] < episode["rollout"]["run_s"] + 1
+            assert 0 < episode["rollout"]["app_s"] <= episode["rollout"]["episode_s"]
             adapters.add(episode["rollout"]["adapter"])
             for sample in samples:
                 assert isinstance(sample, StandInSample)

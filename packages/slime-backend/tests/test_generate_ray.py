@@ -137,7 +137,9 @@ async def test_episodes_spread_over_one_worker_per_node_and_come_back_whole(
     ran_on = workers_of(results)
     assert sorted(set(ran_on)) == sorted(cluster)  # pinned: each ran where it was placed
     assert sorted(ran_on.count(n) for n in cluster) == [4, 4, 4]  # least-loaded: 12 over 3
-    adapters = {s[0].metadata["agent_rl"]["episode"]["rollout"]["adapter"] for s in results}
+    rollouts = [s[0].metadata["agent_rl"]["episode"]["rollout"] for s in results]
+    assert all(0 <= r["ray_hop_s"] < 60 for r in rollouts)
+    adapters = {r["adapter"] for r in rollouts}
     assert len(adapters) == NODES  # one adapter per worker process
     for group, outcomes in zip(groups, batch, strict=True):
         for base, samples in zip(group, outcomes, strict=True):

@@ -46,6 +46,7 @@ from .rollout_args import RolloutArgs
 from .runtime import AdapterRuntime, RuntimeSetup, load_checkpoint_off_loop
 from .sampling import rollout_sampling
 from .settings import BackendSettings
+from .slime_api import NAMESPACE
 from .slime_api import sample_class as slime_sample_class
 from .typed_config import ConfigError
 
@@ -162,8 +163,9 @@ class SlimeGenerate:
     ) -> list[Any]:
         cls = self._sample_class or slime_sample_class()
         decode = checkpoint.vocabulary.decode
+        started = time.perf_counter()
         try:
-            return episode_samples(
+            samples = episode_samples(
                 report.tree,
                 sample,
                 report.outcome,
@@ -175,7 +177,7 @@ class SlimeGenerate:
         except ConversionError as exc:
             logger.error("agent-rl episode %s not convertible: %s", sample.session_id, exc)
             outcome = EpisodeOutcome.aborted(f"the episode's samples are not valid: {exc}")
-            return episode_samples(
+            samples = episode_samples(
                 SessionTree(sample.session_id),
                 sample,
                 outcome,
@@ -183,6 +185,11 @@ class SlimeGenerate:
                 sample_class=cls,
                 rollout=rollout,
             )
+        # One record object is shared by the episode's samples: time the conversion into it.
+        samples[0].metadata[NAMESPACE]["episode"]["rollout"]["convert_s"] = round(
+            time.perf_counter() - started, 4
+        )
+        return samples
 
 
 def make_generate(episode: Episode, *, sample_class: type[Any] | None = None) -> SlimeGenerate:

@@ -8,6 +8,9 @@ and runs the app's episode, so its sandboxes start on its node. The generate fun
 episode to the worker with the fewest episodes in flight and gets the report back as plain data
 (the tree as trajectory-tree JSON).
 
+The report's trip back (JSON
+of the tree, Ray's transfer) is timed into the episode's provenance (``ray_hop_s``).
+
 A worker that dies (its process killed, its node lost) fails the calls it held: each of those
 episodes comes back ``ABORTED`` with the reason, never an exception in slime's rollout step. The
 dead worker leaves the pool, and the next dispatch starts a new one on any alive node without a
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +48,9 @@ class RolloutWorker:
 
     async def run(self, request: EpisodeRequest) -> dict[str, Any]:
         report = await run_episode(self._runtime, self._episode, request, worker=self._node_id)
-        return report.to_wire()
+        wire = report.to_wire()
+        wire["facts"]["reported_at"] = time.time()
+        return wire
 
     async def shutdown(self) -> None:
         await self._runtime.aclose()
@@ -97,6 +103,8 @@ class RayWorkerPool:
             )
         try:
             wire = await slot.actor.run.remote(request)
+            facts = wire["facts"]
+            facts["ray_hop_s"] = round(time.time() - facts.pop("reported_at"), 4)
             return EpisodeReport.from_wire(wire)
         except self._ray.exceptions.RayActorError as exc:
             slot.alive = False
