@@ -52,12 +52,10 @@ from rollout_kit import (  # noqa: E402
     AgentModel,
     base_group,
     scripted_episode,
-    slime_args,
-    slime_sampling_params,
-    write_checkpoint,
 )
 
 from protocol_adapters.testing import EngineDouble  # noqa: E402
+from protocol_adapters.testing.checkpoint import write_checkpoint  # noqa: E402
 from protocol_adapters.testing.stack import VocabularyTokenizer  # noqa: E402
 from protocol_adapters.tokenizer import Vocabulary  # noqa: E402
 from protocol_adapters.tokenizer.qwen import (  # noqa: E402
@@ -76,7 +74,11 @@ from slime_backend.rollout_args import RolloutArgs  # noqa: E402
 from slime_backend.runtime import AdapterRuntime, RuntimeSetup  # noqa: E402
 from slime_backend.sampling import rollout_sampling  # noqa: E402
 from slime_backend.settings import WorkerSettings  # noqa: E402
-from slime_backend.testing import StandInSample  # noqa: E402
+from slime_backend.testing import (  # noqa: E402
+    StandInSample,
+    slime_args,
+    slime_sampling_params,
+)
 
 COLUMNS = (
     "mode",

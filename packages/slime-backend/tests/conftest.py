@@ -45,6 +45,6 @@ def qwen_vocabulary(
 @pytest.fixture(scope="session")
 def qwen_checkpoint(qwen_vocabulary: Vocabulary, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Hugging Face checkpoint directory (tokenizer and chat template) for ``--hf-checkpoint``."""
-    from rollout_kit import write_checkpoint
+    from protocol_adapters.testing.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "Qwen3-Test", qwen_vocabulary)

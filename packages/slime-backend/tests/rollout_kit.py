@@ -1,10 +1,8 @@
 """Test support for the generate function: slime's side of the call and a scripted agent.
 
-- :func:`write_checkpoint`: a Hugging Face checkpoint directory holding the real Qwen3 tokenizer
-  and our Qwen3-style chat template (what ``--hf-checkpoint`` points at).
-- :func:`slime_args`, :func:`slime_sampling_params`, :func:`run_group`: the namespace, sampling
-  dict and group call slime's rollout makes (field names and call shape at the pinned commit,
-  docs/slime-contract.md section 2).
+- :func:`run_group`: the group call slime's rollout makes (its checkpoint directory, args
+  namespace and sampling dict come from protocol_adapters.testing.checkpoint and
+  slime_backend.testing).
 - :class:`AgentModel`: the engine double's script, a function of the prompt ids: two shell tool
   calls, then a final answer; a sub-agent (its own system prompt) answers at once.
 - :func:`scripted_episode`: the app's episode, an "agent" that talks to the adapter with the
@@ -17,22 +15,17 @@ Ray workers import this module by name (the Ray tests put this directory on thei
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import anthropic
-import yaml  # type: ignore[import-untyped]  # PyYAML ships no stubs; slime parses with it
 
-from protocol_adapters.rendering.template import qwen3_template
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.tokenizer import Vocabulary
-from slime_backend import AdapterSession, BackendSettings, Budgets, EpisodeOutcome, JsonValue
+from slime_backend import AdapterSession, Budgets, EpisodeOutcome, JsonValue
 from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample
 
@@ -51,64 +44,6 @@ TOOL = {
     },
 }
 COMMANDS = ("ls", "cat a.py")
-
-
-def write_checkpoint(directory: Path, vocabulary: Vocabulary) -> Path:
-    """A checkpoint directory as slime's ``--hf-checkpoint`` names one (no weights needed)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    vocabulary.tokenizer.save(str(directory / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "chat_template": qwen3_template().source,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645]}))
-    return directory
-
-
-def slime_args(
-    router_url: str, checkpoint: Path, settings: BackendSettings, **overrides: object
-) -> SimpleNamespace:
-    """slime's parsed args as the generate function and our hooks see them (custom config loaded
-    the way slime loads it: ``yaml.safe_load``, top-level keys become attributes)."""
-    host, _, port = router_url.removeprefix("http://").rpartition(":")
-    values: dict[str, object] = {
-        "hf_checkpoint": str(checkpoint),
-        "sglang_router_ip": host,
-        "sglang_router_port": int(port),
-        "sglang_tool_call_parser": "qwen25",
-        "sglang_reasoning_parser": "qwen3",
-        "rollout_max_context_len": 16384,
-        "rollout_max_response_len": 512,
-        "rollout_temperature": 0.7,
-        "n_samples_per_prompt": 4,
-        "rollout_batch_size": 2,
-        "advantage_estimator": "grpo",
-        "rewards_normalization": True,
-        "grpo_std_normalization": True,
-        "router_policy": "consistent_hashing",
-        **yaml.safe_load(settings.custom_config()),
-    }
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def slime_sampling_params(args: Any) -> dict[str, Any]:
-    """The dict slime's ``GenerateState`` builds for training rollouts."""
-    return {
-        "temperature": args.rollout_temperature,
-        "top_p": 1.0,
-        "top_k": -1,
-        "max_new_tokens": args.rollout_max_response_len,
-        "stop": None,
-        "stop_token_ids": None,
-        "skip_special_tokens": False,
-        "no_stop_trim": True,
-        "spaces_between_special_tokens": False,
-    }
 
 
 def base_group(

@@ -27,8 +27,6 @@ from rollout_kit import (
     engine_outputs,
     run_group,
     scripted_episode,
-    slime_args,
-    slime_sampling_params,
 )
 
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
@@ -42,7 +40,7 @@ from slime_backend.reward_hook import post_process_rewards
 from slime_backend.rollout_args import ARGS_READ
 from slime_backend.settings import AdapterSettings
 from slime_backend.staleness import StaleAction, StalenessPolicy
-from slime_backend.testing import StandInSample
+from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
 
 CONTRACT_FLAGS = Path(__file__).resolve().parent / "data" / "slime_contract.json"
 

@@ -23,8 +23,6 @@ from rollout_kit import (
     base_group,
     run_group,
     scripted_episode,
-    slime_args,
-    slime_sampling_params,
 )
 
 from protocol_adapters.testing import EngineDouble
@@ -33,7 +31,7 @@ from protocol_adapters.tokenizer import Vocabulary
 from slime_backend import AgentSettings, BackendSettings, EpisodeSettings
 from slime_backend.generate import SlimeGenerate, make_generate
 from slime_backend.settings import AdapterSettings, WorkerSettings
-from slime_backend.testing import StandInSample
+from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
 
 try:
     import ray  # type: ignore[import-not-found, unused-ignore]  # an optional extra

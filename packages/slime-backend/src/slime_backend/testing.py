@@ -8,9 +8,14 @@ The opt-in test ``test_contract_checkout.py`` compares this class with a real sl
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+from .settings import BackendSettings
 
 
 @dataclass
@@ -69,3 +74,47 @@ class StandInSample:
     non_generation_time: float = 0.0
     spec_info: StandInSpecInfo = field(default_factory=StandInSpecInfo)
     prefix_cache_info: StandInPrefixCacheInfo = field(default_factory=StandInPrefixCacheInfo)
+
+
+def slime_args(
+    router_url: str, checkpoint: Path, settings: BackendSettings, **overrides: object
+) -> SimpleNamespace:
+    """slime's parsed ``args`` as the generate function and our hooks see them, for driving the
+    generate function without slime (tests, the CPU demo): the fields slime sets (names at the
+    pinned commit) plus the custom config loaded as slime loads it, each top-level key an
+    attribute (the config is JSON, so ``json.loads`` reads what ``yaml.safe_load`` would)."""
+    host, _, port = router_url.removeprefix("http://").rpartition(":")
+    values: dict[str, object] = {
+        "hf_checkpoint": str(checkpoint),
+        "sglang_router_ip": host,
+        "sglang_router_port": int(port),
+        "sglang_tool_call_parser": "qwen25",
+        "sglang_reasoning_parser": "qwen3",
+        "rollout_max_context_len": 16384,
+        "rollout_max_response_len": 512,
+        "rollout_temperature": 0.7,
+        "n_samples_per_prompt": 4,
+        "rollout_batch_size": 2,
+        "advantage_estimator": "grpo",
+        "rewards_normalization": True,
+        "grpo_std_normalization": True,
+        "router_policy": "consistent_hashing",
+        **json.loads(settings.custom_config()),
+    }
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def slime_sampling_params(args: Any) -> dict[str, Any]:
+    """The sampling dict slime's rollout builds for a training sample."""
+    return {
+        "temperature": args.rollout_temperature,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": args.rollout_max_response_len,
+        "stop": None,
+        "stop_token_ids": None,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
