@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 
@@ -45,6 +46,4 @@ def qwen_vocabulary(
 @pytest.fixture(scope="session")
 def qwen_checkpoint(qwen_vocabulary: Vocabulary, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Hugging Face checkpoint directory (tokenizer and chat template) for ``--hf-checkpoint``."""
-    from protocol_adapters.testing.checkpoint import write_checkpoint
-
     return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "Qwen3-Test", qwen_vocabulary)

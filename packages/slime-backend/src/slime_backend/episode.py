@@ -84,7 +84,14 @@ class EpisodeOutcome:
 
 
 class Episode(Protocol):
-    """The app's episode function (given to the generate function later, by dotted path)."""
+    """The app's episode function (the generate function runs it; see generate.py).
+
+    Two optional methods, looked up by name, let an episode built at import time take part:
+    ``configure(settings)`` receives the run's ``BackendSettings`` (agent, sandbox and their
+    options, from ``args.agent_rl``) before every episode it runs in a process (make it cheap
+    after the first), and ``finished(tree, outcome)`` receives the closed session's tree in a
+    worker thread after each episode (to keep it with the episode's artifacts, say).
+    """
 
     async def __call__(
         self,

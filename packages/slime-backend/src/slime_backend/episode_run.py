@@ -106,6 +106,7 @@ async def run_episode(
     agent_session = AdapterSession(server.url, session.token, request.session_id)
     app_started = time.monotonic()
     try:
+        _configure(episode, runtime)
         outcome = await _outcome(episode, request, agent_session, budgets, settings.deadline_s)
     finally:
         app_s = time.monotonic() - app_started
@@ -118,6 +119,7 @@ async def run_episode(
         )
     if outcome.status is EpisodeStatus.ABORTED:
         logger.warning("agent-rl episode %s aborted: %s", request.session_id, outcome.reason)
+    await _finished(episode, closed.tree, outcome)
     facts: dict[str, JsonValue] = {
         "worker": worker,
         "adapter": server.url,
@@ -129,6 +131,26 @@ async def run_episode(
         "evaluation": request.evaluation,
     }
     return EpisodeReport(closed.tree, outcome, facts)
+
+
+def _configure(episode: Episode, runtime: AdapterRuntime) -> None:
+    """The app's optional `configure(settings)`: the run's settings, before its episodes run
+    in this process (the app's episode is built at import time, before slime's args exist)."""
+    configure = getattr(episode, "configure", None)
+    if configure is not None:
+        configure(runtime.setup.settings)
+
+
+async def _finished(episode: Episode, tree: SessionTree, outcome: EpisodeOutcome) -> None:
+    """The app's optional `finished(tree, outcome)`, in a worker thread once the session is
+    closed (e.g. to keep the tree with the episode's artifacts); its failure is only logged."""
+    finished = getattr(episode, "finished", None)
+    if finished is None:
+        return
+    try:
+        await asyncio.to_thread(finished, tree, outcome)
+    except Exception:
+        logger.exception("the episode's finished() hook failed for %s", tree.session_id)
 
 
 async def _outcome(
