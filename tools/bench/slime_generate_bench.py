@@ -6,25 +6,25 @@
 
 Every episode is the test suite's scripted agent (``packages/slime-backend/tests/rollout_kit.py``):
 three model calls over the official ``anthropic`` SDK through the real adapter (Qwen3 tokenizer
-and template from a checkpoint directory) to the SGLang-wire engine double, in this process.
+and template from a checkpoint directory) to the SGLang-wire engine double, which runs in a
+process of its own (as the engine would), so this process's CPU time is the rollout side's.
 ``--padding`` adds that many words to each reply, so trained tokens grow. The episodes of a row
 start together, as slime starts a rollout batch.
 
-Here the agents, the adapter and the engine double share this process and its event loop (in
-production the agents run in sandboxes and the engine on GPUs), so wall time mostly measures
-queueing behind the agents' own CPU work. The overhead is therefore measured side by side in
-CPU time: ``bare`` runs the same episodes directly on a running adapter (session open, the app's
-function, session close) and ``generate`` runs them through the generate function as slime
-does (settings, sampling check, the episode, conversion to samples off the loop, and with
-``--ray`` the hop to a worker process); ``overhead CPU`` is the difference per episode, and per
-trained token. For Ray, only this process's CPU is counted: the driver's share (dispatch, the
-report's JSON, conversion), which is what slime's rollout process pays; the episodes run in the
-workers. ``wall overhead`` is each generate call's wall time minus the time inside the app's
-function (measured by the generate function), waiting for the shared loop included; of it,
-``convert`` is the conversion to samples and ``ray hop`` the report's trip from the worker
-(both as the episode's provenance records them). ``start``
-is the first call, which starts the adapter (checkpoint, engine client, listener) or the Ray
-workers, once per process. Target: overhead under 50 ms per episode, linear in trained tokens.
+Here the agents and the adapter share this process and its event loop (in production the agents
+run in sandboxes), so wall time mostly measures queueing behind the agents' own CPU work. The
+overhead is therefore measured side by side in CPU time: ``bare`` runs the same episodes
+directly on a running adapter (session open, the app's function, session close) and
+``generate`` runs them through the generate function as slime does (settings, sampling check,
+the episode, conversion to samples off the loop, and with ``--ray`` the hop to a worker
+process); ``overhead CPU`` is the difference per episode, and per trained token. For Ray, only
+this process's CPU is counted: the driver's share (dispatch, the report's JSON, conversion),
+which is what slime's rollout process pays; the episodes run in the workers. ``wall overhead``
+is each generate call's wall time minus the time inside the app's function (measured by the
+generate function), waiting for the shared loop included; of it, ``convert`` is the conversion
+to samples and ``ray hop`` the report's trip from the worker (both as the episode's provenance
+records them). ``start`` is the first call, which starts the adapter (checkpoint, engine client,
+listener) or the Ray workers, once per process. Target: overhead under 50 ms per episode, linear in trained tokens.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from rollout_kit import (  # noqa: E402
 from protocol_adapters.testing import EngineDouble  # noqa: E402
 from protocol_adapters.testing.checkpoint import write_checkpoint  # noqa: E402
 from protocol_adapters.testing.stack import VocabularyTokenizer  # noqa: E402
-from protocol_adapters.tokenizer import Vocabulary  # noqa: E402
 from protocol_adapters.tokenizer.qwen import (  # noqa: E402
     QwenTokenizerConfig,
     load_qwen3_vocabulary,
@@ -133,14 +132,34 @@ async def bare(runtime: AdapterRuntime, args: Any, episodes: int) -> float:
     return (time.process_time() - cpu) / episodes
 
 
-async def row(
-    mode: str, episodes: int, padding: int, vocabulary: Vocabulary, checkpoint: Path
-) -> list[str]:
+async def serve_double(padding: int, cache: Path) -> None:
+    """The engine double with the scripted model, in a process of its own (``--serve-double``):
+    its URL on stdout, then serving until stdin closes."""
+    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(cache))
     model = AgentModel(vocabulary, padding=" word" * padding)
     async with EngineDouble(
         VocabularyTokenizer(vocabulary), model, incremental_streaming=True, tokens_per_chunk=16
     ) as double:
-        args = slime_args(double.url, checkpoint, settings(mode), rollout_max_response_len=8192)
+        print(double.url, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
+async def row(mode: str, episodes: int, padding: int, cache: Path, checkpoint: Path) -> list[str]:
+    engine = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--serve-double",
+        str(padding),
+        "--tokenizer-cache",
+        str(cache),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert engine.stdin is not None
+    assert engine.stdout is not None
+    try:
+        url = (await engine.stdout.readline()).decode().strip()
+        args = slime_args(url, checkpoint, settings(mode), rollout_max_response_len=8192)
         floor = 0.0
         if mode == "local":
             runtime = AdapterRuntime(RuntimeSetup(RolloutArgs.from_args(args), settings(mode)))
@@ -157,6 +176,9 @@ async def row(
             used = (time.process_time() - cpu) / episodes
         finally:
             await generate.aclose()
+    finally:
+        engine.stdin.close()
+        await engine.wait()
     walls, trained, aborted, converts, hops = [], [], [], [], []
     for elapsed, samples in results:
         facts = samples[0].metadata["agent_rl"]["episode"]
@@ -216,13 +238,14 @@ async def table(
 ) -> Table:
     vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(cache))
     checkpoint = write_checkpoint(Path(tempfile.mkdtemp()) / "Qwen3-Bench", vocabulary)
+    del vocabulary  # the engine double's process loads its own
     result = Table(title="generate-function overhead per episode (ms unless noted)")
     for column in COLUMNS:
         result.add_column(column, justify="right")
     for mode in modes:
         for padding in paddings:
             for episodes in counts:
-                cells = await row(mode, episodes, padding, vocabulary, checkpoint)
+                cells = await row(mode, episodes, padding, cache, checkpoint)
                 print(" | ".join(cells), file=sys.stderr, flush=True)
                 result.add_row(*cells)
     return result
@@ -239,8 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path.home() / ".cache" / "agent-rl" / "qwen3-tokenizer",
         help="where the offline Qwen3 tokenizer is built once",
     )
+    parser.add_argument("--serve-double", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    if args.serve_double is not None:
+        asyncio.run(serve_double(args.serve_double, args.tokenizer_cache))
+        return 0
     modes = ["local", *(["ray"] if args.ray else [])]
     cluster = start_ray() if args.ray else None
     try:
