@@ -24,7 +24,8 @@ is each generate call's wall time minus the time inside the app's function (meas
 generate function), waiting for the shared loop included; of it, ``convert`` is the conversion
 to samples and ``ray hop`` the report's trip from the worker (both as the episode's provenance
 records them). ``start`` is the first call, which starts the adapter (checkpoint, engine client,
-listener) or the Ray workers, once per process. Target: overhead under 50 ms per episode, linear in trained tokens.
+listener) or the Ray workers, once per process. Target: overhead under 50 ms per episode, linear
+in trained tokens.
 """
 
 from __future__ import annotations
