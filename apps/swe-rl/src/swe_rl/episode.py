@@ -10,7 +10,7 @@ clone, setup failing, the CLI crashing or never reaching the model, the engine g
 grading infrastructure failing) ends as an ABORTED outcome with the reason; nothing raises out
 of an episode but cancellation. The episode's artifacts (the CLI's event stream and stderr,
 the diff, the grading log, a summary) are written to one directory, named in the outcome as
-`artifacts["dir"]`, where the caller also puts the session tree.
+`artifacts["dir"]`, where `finished` also puts the session tree once the session is closed.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from slime_backend.episode import (
 from swe_rl.grading import GradeResult, GradingError, GradingLog, grade
 from swe_rl.sources import RepoSources, SourceError
 from swe_rl.task import SweTask, TaskError, parse_task
+from trajectory_tree import SessionTree, dumps
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +252,12 @@ class SweEpisode:
             raise _Aborted(f"grading: {error}") from None
         finally:
             await asyncio.to_thread(_write, directory / "grading.log", log.text())
+
+    def finished(self, tree: SessionTree, outcome: EpisodeOutcome) -> None:
+        """slime-backend's hook after the session closed: keep the tree with the artifacts."""
+        directory = outcome.artifacts.get("dir")
+        if isinstance(directory, str):
+            _write(Path(directory) / "tree.json", dumps(tree))
 
     def _directory(self, task: Mapping[str, Any], session: AdapterSession) -> Path:
         instance = str(task.get("instance_id", "unknown")) if isinstance(task, Mapping) else "bad"

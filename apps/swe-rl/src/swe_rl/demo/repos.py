@@ -129,7 +129,10 @@ TASKS = (
         fail_to_pass=("test_stack.TestStack.test_peek",),
         pass_to_pass=("test_stack.TestStack.test_pop",),
         fix=Fix(
-            "stack.py", "return self.items[0]", "return self.items[-1]", "return self.items[1]"
+            "stack.py",
+            "return self.items[0]",
+            "return self.items[-1]",
+            "return self.items[-2]",
         ),
     ),
 )

@@ -1,0 +1,189 @@
+"""`uv run apps/swe-rl`: the whole system on one CPU machine, in about a minute.
+
+What runs for real: tiny git repositories with a bug, created now; the real agent CLI (Claude
+Code by default) installed from npm, in local bubblewrap sandboxes; the real adapter; slime's
+generate function from slime-backend, driven exactly as slime's rollout drives it; grading in
+fresh sandboxes; GRPO advantages per task; the samples slime would train on; the trajectory
+viewer. What does not: the model. There is no GPU here, so the engine is the SGLang-wire double
+playing a scripted policy (swe_rl/demo/policy.py) that fixes, cheats, errs and gives up in a
+mix, so every GRPO group has non-zero advantages. The screen says so, and shows the command
+that runs the same episodes against a real SGLang server and checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console, JustifyMethod
+from rich.panel import Panel
+from rich.table import Table
+
+from harness import InstallConfig
+from protocol_adapters.testing import EngineDouble
+from protocol_adapters.testing.checkpoint import write_checkpoint
+from protocol_adapters.testing.stack import VocabularyTokenizer
+from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from sandbox import LocalBackend, LocalConfig
+from slime_backend.generate import make_generate
+from slime_backend.settings import AgentSettings, BackendSettings, EpisodeSettings
+from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
+from slime_backend.typed_config import to_mapping
+from swe_rl.agents import harness_for
+from swe_rl.demo.policy import DemoPolicy
+from swe_rl.demo.repos import create_demo_tasks
+from swe_rl.episode import EpisodeConfig, SweEpisode
+from swe_rl.run import GenerateSource, Run, RunResult, plan
+from swe_rl.task_file import parse_task_lines
+from swe_rl.viewer import write_viewer
+
+ENGINE_CONTEXT = 32768
+AGENT_BUDGET_S = 120.0
+CACHE = Path.home() / ".cache" / "agent-rl"
+REAL_RUN_HINT = (
+    "uv run apps/swe-rl rollout TASKS.jsonl --engine-url http://HOST:30000 "
+    "--checkpoint /path/to/hf-checkpoint --out runs/first"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSetup:
+    """Everything the demo run is made of (written under the run directory)."""
+
+    out: Path
+    rows_path: Path
+    checkpoint: Path
+    isolated: bool
+
+
+async def run_demo(args: argparse.Namespace) -> int:
+    console = Console()
+    out: Path = args.out.resolve()
+    isolated = shutil.which("bwrap") is not None
+    _announce(console, isolated)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(CACHE / "qwen3-tokenizer"))
+    rows_path = out / "tasks.jsonl"
+    _write_rows(rows_path, create_demo_tasks(out / "repos"))
+    rows = parse_task_lines(rows_path.read_text().splitlines()).rows
+    checkpoint = write_checkpoint(out / "checkpoint", vocabulary)
+    agent = harness_for(args.agent)
+    backend = LocalBackend(LocalConfig(isolation="bwrap" if isolated else "none"))
+    episode = SweEpisode(
+        EpisodeConfig(
+            artifacts_root=out / "episodes",
+            install=InstallConfig(cache_dir=CACHE / "npm"),
+            sources_cache=out / "sources",
+        ),
+        agent,
+        backend,
+    )
+    policy = DemoPolicy(vocabulary)
+    settings = BackendSettings(
+        episode=EpisodeSettings(
+            generate="swe_rl.rollout.generate", wall_clock_s=AGENT_BUDGET_S, grace_s=60.0
+        ),
+        agent=AgentSettings(args.agent),
+    )
+    async with EngineDouble(
+        VocabularyTokenizer(vocabulary),
+        policy,
+        context_length=ENGINE_CONTEXT,
+        incremental_streaming=True,
+    ) as double:
+        slime = slime_args(double.url, checkpoint, settings, rollout_max_context_len=ENGINE_CONTEXT)
+        sampling = slime_sampling_params(slime)
+        generate = make_generate(episode, sample_class=StandInSample)
+
+        run = Run(
+            out=out,
+            source=GenerateSource(generate, slime, sampling),
+            concurrency=args.concurrency,
+            title=f"swe-rl demo: {len(rows)} tasks x {args.episodes_per_task} episodes",
+            policy="scripted engine double (no model: CPU demo)",
+            agent=agent.spec,
+            extra={
+                "checkpoint": str(checkpoint),
+                "conversion": to_mapping(settings.conversion),
+                "isolated": isolated,
+            },
+        )
+        try:
+            result = await run.execute(plan(rows, args.episodes_per_task))
+        finally:
+            await generate.aclose()
+    viewer = write_viewer(
+        out, lambda token: vocabulary.decode([token]), options=settings.conversion
+    )
+    _report(console, result, viewer, out)
+    return 130 if result.interrupted else 0
+
+
+def _announce(console: Console, isolated: bool) -> None:
+    lines = [
+        "[bold]The policy is SCRIPTED.[/] There is no GPU here, so no model runs: an engine "
+        "double that speaks SGLang's wire plays a policy that fixes, cheats, errs and gives up "
+        "in a mix. Everything else is real: the agent CLI, the sandboxes, the adapter, "
+        "slime's generate function, grading and GRPO.",
+        "",
+        f"Against a real engine and checkpoint: [cyan]{REAL_RUN_HINT}[/]",
+    ]
+    if not isolated:
+        lines += [
+            "",
+            "[bold yellow]bubblewrap is not installed: this demo runs its (scripted, ours) "
+            "commands WITHOUT a sandbox.[/] Install it to isolate them: "
+            "[cyan]sudo apt-get install bubblewrap[/]. `rollout` with a real model refuses to "
+            "run unsandboxed.",
+        ]
+    console.print(Panel("\n".join(lines), title="swe-rl demo", expand=False))
+
+
+def _write_rows(path: Path, rows: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> None:
+    table = Table(title="episodes (one GRPO group per task)", title_justify="left")
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("task", "left"),
+        ("#", "right"),
+        ("reward", "right"),
+        ("adv", "right"),
+        ("turns", "right"),
+        ("tools", "right"),
+        ("trained", "right"),
+        ("masked", "right"),
+        ("status", "left"),
+    )
+    for column, justify in columns:
+        table.add_column(column, justify=justify)
+    previous = None
+    for record in result.records:
+        if previous is not None and record.group != previous:
+            table.add_section()
+        previous = record.group
+        advantage = f"{record.advantage:+.2f}" if record.advantage is not None else "-"
+        status = record.status if not record.reason else f"{record.status}: {record.reason}"
+        table.add_row(
+            record.instance_id.removeprefix("demo__"),
+            str(record.index),
+            f"{record.reward:.0f}",
+            advantage,
+            str(record.turns),
+            str(record.tool_calls),
+            str(record.trained_tokens),
+            str(record.masked_tokens),
+            status,
+        )
+    console.print(table)
+    for alarm in result.gates.tripped:
+        console.print(f"[bold red]alarm[/] {alarm.name}: {alarm.offending}/{alarm.episodes}")
+    console.print(f"samples:  {result.samples_path}")
+    console.print(f"viewer:   {viewer}")
+    console.print(f"episodes: {out / 'episodes'}   ({result.duration_s:.0f} s)")

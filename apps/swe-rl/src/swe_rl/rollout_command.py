@@ -1,0 +1,137 @@
+"""`swe-rl rollout`: K episodes per task against a real SGLang server, as slime would run them.
+
+The generate function is slime-backend's, driven with slime's own argument names (the same
+path slime's rollout takes on a GPU cluster); only the trainer is missing. Episodes run in this
+process, or spread over a Ray cluster's nodes with `--ray ADDRESS` (one rollout worker per
+node, each with its own adapter and sandboxes). Model-written code never runs outside a sandbox
+unless `--unsafe-no-sandbox` says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from protocol_adapters.engine import SGLangConfig, SGLangEngine
+from protocol_adapters.tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from slime_backend.generate import make_generate
+from slime_backend.settings import (
+    AgentSettings,
+    BackendSettings,
+    EpisodeSettings,
+    SandboxSettings,
+    WorkerSettings,
+)
+from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
+from slime_backend.typed_config import to_mapping
+from swe_rl.errors import UsageError
+from swe_rl.rollout import ConfiguredEpisode
+from swe_rl.run import GenerateSource, Run, plan
+from swe_rl.task_file import TaskRow, read_task_file
+from swe_rl.viewer import write_viewer
+
+
+async def run_rollout(args: argparse.Namespace) -> int:
+    console = Console()
+    rows = _rows(args.tasks, console)
+    checkpoint = _checkpoint(args.checkpoint)
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    isolation = _isolation(args)
+    context = args.context_tokens or await _engine_context(args.engine_url)
+    settings = BackendSettings(
+        episode=EpisodeSettings("swe_rl.rollout.generate", wall_clock_s=args.budget),
+        agent=AgentSettings(args.agent),
+        sandbox=SandboxSettings(
+            args.sandbox,
+            {
+                "artifacts_root": str(out / "episodes"),
+                "isolation": isolation,
+                "allow_unsandboxed": "true" if args.unsafe_no_sandbox else "false",
+            },
+        ),
+        workers=WorkerSettings(mode="ray" if args.ray else "local"),
+    )
+    if args.ray:
+        _connect_ray(args.ray)
+    slime = slime_args(args.engine_url, args.checkpoint, settings, rollout_max_context_len=context)
+    sampling = slime_sampling_params(slime)
+    generate = make_generate(ConfiguredEpisode(), sample_class=StandInSample)
+
+    run = Run(
+        out=out,
+        source=GenerateSource(generate, slime, sampling),
+        concurrency=args.concurrency,
+        title=f"swe-rl rollout: {args.tasks.name}",
+        policy=str(args.checkpoint),
+        agent=args.agent,
+        extra={"checkpoint": str(args.checkpoint), "conversion": to_mapping(settings.conversion)},
+    )
+    try:
+        result = await run.execute(plan(rows, args.episodes_per_task))
+    finally:
+        await generate.aclose()
+    vocabulary = checkpoint.vocabulary
+    viewer = write_viewer(
+        out, lambda token: vocabulary.decode([token]), options=settings.conversion
+    )
+    resolved = sum(record.reward > 0 for record in result.records)
+    console.print(
+        f"{len(result.records)} episodes ({resolved} rewarded) in {result.duration_s:.0f} s; "
+        f"samples: {result.samples_path}; viewer: {viewer}"
+    )
+    return 130 if result.interrupted else 0
+
+
+def _rows(path: Path, console: Console) -> list[TaskRow]:
+    try:
+        tasks = read_task_file(path)
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+    for problem in tasks.errors:
+        console.print(f"[yellow]skipped[/] {path.name} {problem}", highlight=False)
+    if not tasks.rows:
+        raise UsageError(f"{path} has no usable task rows")
+    return list(tasks.rows)
+
+
+def _checkpoint(directory: Path) -> Checkpoint:
+    try:
+        return load_checkpoint(directory)
+    except (OSError, CheckpointError) as error:
+        raise UsageError(f"--checkpoint {directory}: {error}") from None
+
+
+def _isolation(args: argparse.Namespace) -> str:
+    if args.unsafe_no_sandbox:
+        return "none"
+    if args.sandbox == "local" and shutil.which("bwrap") is None:
+        raise UsageError(
+            "bubblewrap is not installed, and a real model's commands never run unsandboxed: "
+            "install it (sudo apt-get install bubblewrap), use --sandbox e2b, or pass "
+            "--unsafe-no-sandbox if you accept running model-written code on this host"
+        )
+    return "bwrap"
+
+
+async def _engine_context(url: str) -> int:
+    try:
+        async with SGLangEngine(SGLangConfig(base_url=url)) as engine:
+            return await engine.context_length()
+    except Exception as error:
+        raise UsageError(
+            f"cannot ask the engine at {url} for its context length: {error}"
+        ) from None
+
+
+def _connect_ray(address: str) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--ray needs Ray: install slime-backend[ray]") from None
+    ray.init(address=address)

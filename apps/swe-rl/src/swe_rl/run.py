@@ -1,0 +1,341 @@
+"""A run: K episodes per task, at most N at once, into one run directory.
+
+The demo and `swe-rl rollout` share this: they differ only in where samples come from (the
+`SampleSource`: slime-backend's generate function over the engine double or a real engine). A
+run writes, as episodes finish:
+
+    <run>/samples.jsonl          every slime sample, one JSON object per line
+    <run>/episodes/<id>/         the episode's artifacts (tree.json, diff, grading log, ...)
+    <run>/run.json               the episodes with rewards, GRPO advantages and gate alarms
+
+Interrupting (SIGINT or SIGTERM) stops starting episodes, cancels the running ones (which
+aborts their engine requests and closes their sandboxes), records them as aborted with reason
+"interrupted", and still writes run.json for what finished. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from slime_backend.episode import EpisodeStatus
+from slime_backend.gates import EpisodeHealth, GateConfig, GateReport, evaluate_gates
+from slime_backend.grpo import EpisodeReward, Normalization, normalized_rewards
+from slime_backend.slime_api import NAMESPACE
+from slime_backend.testing import StandInSample
+from swe_rl.task_file import TaskRow
+
+INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEpisode:
+    """One episode of the run: task row, GRPO group (the task) and slime sample index."""
+
+    row: TaskRow
+    group: int
+    index: int
+
+    @property
+    def episode_id(self) -> str:
+        return f"{self.index:05d}-{self.row.task.instance_id}"
+
+
+class SampleSource(Protocol):
+    """Runs one episode and returns its slime samples (never raises for the episode's faults)."""
+
+    async def __call__(self, episode: PlannedEpisode) -> list[Any]: ...
+
+
+class GenerateSource:
+    """Samples from slime-backend's generate function, called as slime's rollout calls it: a
+    base sample per episode (index, group, prompt, label, the row's metadata verbatim), slime's
+    args and a fresh copy of its sampling dict."""
+
+    def __init__(self, generate: Any, args: Any, sampling: dict[str, Any]) -> None:
+        self.generate = generate
+        self.args = args
+        self.sampling = sampling
+
+    async def __call__(self, episode: PlannedEpisode) -> list[Any]:
+        base = StandInSample(
+            index=episode.index,
+            group_index=episode.group,
+            prompt=episode.row.prompt,
+            label=episode.row.task.instance_id,
+            metadata=dict(episode.row.metadata),
+        )
+        samples: list[Any] = await self.generate(self.args, base, dict(self.sampling))
+        return samples
+
+
+@dataclass(slots=True)
+class EpisodeRecord:
+    """What the run keeps of one episode (all plain data, for run.json)."""
+
+    episode_id: str
+    instance_id: str
+    group: int
+    index: int
+    status: str
+    reason: str
+    reward: float
+    advantage: float | None = None
+    samples: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    malformed_tool_calls: int = 0
+    trained_tokens: int = 0
+    masked_tokens: int = 0
+    dir: str = ""
+
+    @classmethod
+    def from_samples(cls, episode: PlannedEpisode, samples: Sequence[Any]) -> EpisodeRecord:
+        record = cls(
+            episode.episode_id,
+            episode.row.task.instance_id,
+            episode.group,
+            episode.index,
+            "aborted",
+            "no samples",
+            0.0,
+        )
+        if not samples:
+            return record
+        provenance = samples[0].metadata.get(NAMESPACE, {})
+        facts = provenance.get("episode", {})
+        record.status = str(facts.get("status", "aborted"))
+        record.reason = str(facts.get("reason", ""))
+        record.reward = float(facts.get("reward", 0.0))
+        record.samples = len(samples)
+        record.turns = int(facts.get("turns", 0))
+        record.tool_calls = int(facts.get("tool_calls", 0))
+        record.malformed_tool_calls = int(facts.get("malformed_tool_calls", 0))
+        record.trained_tokens = int(facts.get("trained_tokens", 0))
+        record.masked_tokens = sum(
+            sum(s.metadata.get(NAMESPACE, {}).get("sample", {}).get("masked_tokens", {}).values())
+            for s in samples
+        )
+        record.dir = str(facts.get("artifacts", {}).get("dir", ""))
+        return record
+
+    @classmethod
+    def interrupted(cls, episode: PlannedEpisode) -> EpisodeRecord:
+        return cls(
+            episode.episode_id,
+            episode.row.task.instance_id,
+            episode.group,
+            episode.index,
+            "aborted",
+            INTERRUPTED,
+            0.0,
+        )
+
+    def health(self) -> EpisodeHealth:
+        return EpisodeHealth(
+            EpisodeStatus(self.status),
+            self.trained_tokens,
+            self.tool_calls,
+            self.malformed_tool_calls,
+        )
+
+
+def plan(rows: Sequence[TaskRow], episodes_per_task: int) -> list[PlannedEpisode]:
+    """K episodes of each task; each task is one GRPO group, indices as slime numbers samples."""
+    return [
+        PlannedEpisode(row, group, group * episodes_per_task + k)
+        for group, row in enumerate(rows)
+        for k in range(episodes_per_task)
+    ]
+
+
+@dataclass(slots=True)
+class RunResult:
+    records: list[EpisodeRecord]
+    gates: GateReport
+    interrupted: bool
+    duration_s: float
+    samples_path: Path
+    run_json: Path
+
+
+@dataclass(slots=True)
+class Run:
+    """Runs planned episodes through a sample source into `out`."""
+
+    out: Path
+    source: SampleSource
+    concurrency: int
+    title: str
+    policy: str
+    agent: str
+    gate_config: GateConfig = field(default_factory=GateConfig)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    async def execute(self, episodes: Sequence[PlannedEpisode]) -> RunResult:
+        started = time.monotonic()
+        self.out.mkdir(parents=True, exist_ok=True)
+        samples_path = self.out / "samples.jsonl"
+        samples_path.write_text("")
+        records: dict[int, EpisodeRecord] = {}
+        with _interruptible() as stop, _progress() as progress:
+            bar = progress.add_task("episodes", total=len(episodes))
+            gate = asyncio.Semaphore(self.concurrency)
+
+            async def one(episode: PlannedEpisode) -> None:
+                async with gate:
+                    if stop.is_set():
+                        return
+                    samples = await self.source(episode)
+                records[episode.index] = EpisodeRecord.from_samples(episode, samples)
+                await asyncio.to_thread(_append_samples, samples_path, samples)
+                progress.advance(bar)
+
+            tasks = [asyncio.create_task(one(episode)) for episode in episodes]
+            waiter = asyncio.ensure_future(stop.wait())
+            done_all = asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait((done_all, waiter), return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            interrupted = stop.is_set()
+        for episode in episodes:
+            records.setdefault(episode.index, EpisodeRecord.interrupted(episode))
+        ordered = [records[episode.index] for episode in episodes]
+        _advantages(ordered)
+        gates = evaluate_gates((r.health() for r in ordered), self.gate_config)
+        run_json = self.out / "run.json"
+        duration = time.monotonic() - started
+        _write_run(run_json, self, ordered, gates, interrupted, duration)
+        return RunResult(ordered, gates, interrupted, duration, samples_path, run_json)
+
+
+def _advantages(records: list[EpisodeRecord]) -> None:
+    """GRPO advantages per task group, each episode counted once (what slime will train on)."""
+    episodes = [
+        EpisodeReward(r.index, r.group, r.reward, in_baseline=r.status != "aborted")
+        for r in records
+    ]
+    values = normalized_rewards(episodes, Normalization(subtract_mean=True, divide_by_std=True))
+    for record in records:
+        record.advantage = values.get(record.index) if record.status != "aborted" else None
+
+
+def _write_run(
+    path: Path,
+    run: Run,
+    records: list[EpisodeRecord],
+    gates: GateReport,
+    interrupted: bool,
+    duration: float,
+) -> None:
+    alarms = [
+        {
+            "gate": result.name,
+            "share": result.share,
+            "limit": result.limit,
+            "message": f"{result.offending} of {result.episodes} episodes "
+            f"({result.share:.0%}) exceed the {result.limit:.0%} limit",
+        }
+        for result in gates.tripped
+    ]
+    document = {
+        "title": run.title,
+        "policy": run.policy,
+        "agent": run.agent,
+        "interrupted": interrupted,
+        "duration_s": round(duration, 3),
+        "episodes": [
+            {
+                **dataclasses.asdict(record),
+                "dir": _relative(record.dir, run.out),
+            }
+            for record in records
+        ],
+        "gates": gates.as_dict(),
+        "alarms": alarms,
+        **run.extra,
+    }
+    path.write_text(json.dumps(document, indent=2))
+
+
+def _relative(directory: str, root: Path) -> str:
+    if not directory:
+        return ""
+    with contextlib.suppress(ValueError):
+        return str(Path(directory).resolve().relative_to(root.resolve()))
+    return directory
+
+
+def _append_samples(path: Path, samples: Sequence[Any]) -> None:
+    with path.open("a", encoding="utf-8") as out:
+        for sample in samples:
+            out.write(json.dumps(_sample_json(sample)) + "\n")
+
+
+def _sample_json(sample: Any) -> dict[str, Any]:
+    fields = (
+        "index",
+        "group_index",
+        "rollout_id",
+        "prompt",
+        "label",
+        "tokens",
+        "response_length",
+        "loss_mask",
+        "rollout_log_probs",
+        "reward",
+        "status",
+        "metadata",
+        "weight_versions",
+        "session_id",
+        "remove_sample",
+    )
+    data = {name: getattr(sample, name, None) for name in fields}
+    status = data.get("status")
+    data["status"] = getattr(status, "value", status)
+    return data
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[asyncio.Event]:
+    """An event set by the first SIGINT/SIGTERM; a second one ends the process at once."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            raise SystemExit(130)
+        stop.set()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, on_signal)
+            installed.append(signum)
+    try:
+        yield stop
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+    )
