@@ -30,6 +30,8 @@ from harness.errors import HarnessError
 from sandbox import (
     ForwardedEndpoint,
     GitWorkspace,
+    LocalBackend,
+    ReadOnlyBind,
     ResourceLimits,
     Sandbox,
     SandboxBackend,
@@ -142,8 +144,8 @@ class SweEpisode:
             repo = await self.sources.prepare(task)
         except SourceError as error:
             raise _Aborted(f"repository: {error}") from None
-        mount = CliMount.under(await self._install())
-        spec = self._spec(task, repo, session, (mount.bind,))
+        mount, binds = self._mount(await self._install())
+        spec = self._spec(task, repo, session, binds)
         try:
             box = await self.backend.create(spec)
         except SandboxError as error:
@@ -173,7 +175,11 @@ class SweEpisode:
         return EpisodeOutcome(result.reward, status, "", artifacts)
 
     def _spec(
-        self, task: SweTask, repo: Path, session: AdapterSession, binds: tuple[Any, ...]
+        self,
+        task: SweTask,
+        repo: Path,
+        session: AdapterSession,
+        binds: tuple[ReadOnlyBind, ...],
     ) -> SandboxSpec:
         address = urlsplit(session.base_url)
         if address.hostname is None or address.port is None:
@@ -186,6 +192,16 @@ class SweEpisode:
             read_only_binds=binds,
             limits=self.config.limits,
         )
+
+    def _mount(self, installed: InstalledCli) -> tuple[CliMount, tuple[ReadOnlyBind, ...]]:
+        """Where the CLI is inside: bound read-only into a local sandbox, at its own path on
+        the host without isolation, and at the standard path in an E2B template."""
+        if isinstance(self.backend, LocalBackend):
+            if not self.backend.isolated:
+                return CliMount.at_host_path(installed), ()
+            mount = CliMount.under(installed)
+            return mount, (mount.bind,)
+        return CliMount.under(installed), ()
 
     async def _install(self) -> InstalledCli:
         async with self._install_lock:

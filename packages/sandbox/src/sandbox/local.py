@@ -139,6 +139,7 @@ class LocalBackend:
         self.config = config or LocalConfig()
         self._prepared: _Prepared | None = None
         self._prepare_lock = asyncio.Lock()
+        self._warned = False
 
     @property
     def isolated(self) -> bool:
@@ -166,11 +167,13 @@ class LocalBackend:
             return self._prepared
 
     async def _create_on_host(self, spec: SandboxSpec) -> HostSandbox:
-        logger.warning(
-            "sandbox isolation disabled by config (isolation='none'): commands run as plain "
-            "host processes with this user's files and network; never use it for "
-            "model-written code"
-        )
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "sandbox isolation disabled by config (isolation='none'): commands run as "
+                "plain host processes with this user's files and network; never use it for "
+                "model-written code"
+            )
         state = await asyncio.to_thread(_make_state_dir, self.config)
         try:
             workspace = state / "workspace"

