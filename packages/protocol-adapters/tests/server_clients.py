@@ -262,6 +262,12 @@ def sdk_error_types(dialect: Dialect) -> type[Exception]:
     return anthropic.APIStatusError if dialect == "anthropic" else openai.APIStatusError
 
 
+def status_error(exc: BaseException) -> anthropic.APIStatusError | openai.APIStatusError:
+    """``exc`` as an SDK's HTTP status error, whose ``response`` is the raw answer."""
+    assert isinstance(exc, anthropic.APIStatusError | openai.APIStatusError), repr(exc)
+    return exc
+
+
 # -- nothing lost or corrupted ---------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ TOOL_REPLY = ScriptedReply(
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(tokenizer_file=str(FIXTURE))
+    return PreTrainedTokenizerFast(tokenizer_file=str(FIXTURE))  # type: ignore[no-untyped-call]
 
 
 async def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:

@@ -39,7 +39,7 @@ def logprob(position: int, token_id: int) -> float:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(tokenizer_file=str(FIXTURE))
+    return PreTrainedTokenizerFast(tokenizer_file=str(FIXTURE))  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture

@@ -309,7 +309,7 @@ def test_nothing_may_follow_the_finish() -> None:
 
 
 @given(
-    st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30), max_size=6),
+    st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=30), max_size=6),
     st.sampled_from(["\n", "\r\n", "\r"]),
     st.lists(st.integers(1, 50), max_size=20),
 )

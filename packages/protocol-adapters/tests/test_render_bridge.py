@@ -63,7 +63,7 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Vocabulary:
 
 @pytest.fixture(scope="module")
 def hf(qwen: Vocabulary) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(tokenizer_object=qwen.tokenizer)
+    return PreTrainedTokenizerFast(tokenizer_object=qwen.tokenizer)  # type: ignore[no-untyped-call]
 
 
 def qwen_output(

@@ -71,7 +71,7 @@ def model_output(draw: st.DrawFn) -> tuple[str, bool]:
 def test_every_bridged_turn_equals_the_full_render(small: Vocabulary, data: st.DataObject) -> None:
     template = qwen3_template()
     renderer = Renderer(small, template, RendererConfig(check_sample_rate=1.0))
-    hf = PreTrainedTokenizerFast(tokenizer_object=small.tokenizer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=small.tokenizer)  # type: ignore[no-untyped-call]
     tree = SessionTree()
     messages: list[Message] = [Message.text("user", data.draw(PHRASE))]
     if data.draw(st.booleans()):

@@ -18,7 +18,7 @@ from protocol_adapters.server.config import AdapterConfig, AdminConfig
 from protocol_adapters.testing import Faults, ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.tokenizer import Vocabulary
-from trajectory_tree import FinishReason, SessionTree, loads
+from trajectory_tree import FinishReason, SessionTree, dumps, loads
 
 from .server_clients import always_ok, sdk_post
 
@@ -139,13 +139,12 @@ async def test_a_close_that_fails_to_serialize_keeps_the_session(
     """The tree is serialized before the session is forgotten: whatever goes wrong on the way,
     the session and every turn of it are still there to read and to close again."""
     body = {"model": "p", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    real_dumps = admin_module.dumps
     failures = [RuntimeError("disk on fire")]
 
     def dumps_once_broken(tree: SessionTree) -> str:
         if failures:
             raise failures.pop()
-        return real_dumps(tree)
+        return dumps(tree)
 
     async with admin_stack(tokenizer_cache, qwen_vocabulary) as (stack, http, admin_url):
         token = await open_session(http, admin_url)

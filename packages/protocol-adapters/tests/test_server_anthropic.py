@@ -6,6 +6,7 @@ import dataclasses
 import json
 from array import array
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import anthropic
@@ -52,8 +53,9 @@ def client(stack: LocalStack, token: str) -> anthropic.AsyncAnthropic:
 
 async def two_turns(stack: LocalStack, token: str, *, stream: bool) -> None:
     api = client(stack, token)
-    messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "What is here?"}]
+    messages: list[Any] = [{"role": "user", "content": "What is here?"}]
     for _ in range(2):
+        reply: anthropic.types.Message
         if stream:
             async with api.messages.stream(
                 model="policy",
@@ -75,7 +77,7 @@ async def two_turns(stack: LocalStack, token: str, *, stream: bool) -> None:
         assert reply.usage.output_tokens > 0
         # Echo as Claude Code does: the whole reply back, tool inputs re-serialized by the client.
         echo = [b.model_dump() for b in reply.content]
-        messages.append({"role": "assistant", "content": echo})  # type: ignore[typeddict-item]
+        messages.append({"role": "assistant", "content": echo})
         uses = [b for b in reply.content if b.type == "tool_use"]
         if not uses:
             break
@@ -86,7 +88,7 @@ async def two_turns(stack: LocalStack, token: str, *, stream: bool) -> None:
             for u in reversed(uses)
         ]
         results[-1]["cache_control"] = {"type": "ephemeral"}
-        messages.append({"role": "user", "content": results})  # type: ignore[typeddict-item]
+        messages.append({"role": "user", "content": results})
     await api.close()
 
 

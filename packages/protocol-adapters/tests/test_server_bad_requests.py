@@ -34,6 +34,7 @@ from .server_clients import (
     sdk_error_types,
     sdk_post,
     shape,
+    status_error,
 )
 
 
@@ -228,7 +229,7 @@ async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact
             assert int(match[2]) == limit - 2
         else:
             param = "input" if dialect == "openai_responses" else "messages"
-            assert err.value.response.json()["error"]["param"] == param
+            assert status_error(err.value).response.json()["error"]["param"] == param
         await check.after_refusal()
 
 
@@ -244,7 +245,7 @@ async def test_session_turn_cap_is_429(
         with pytest.raises(sdk_error_types(dialect)) as err:
             await check.client.post({**minimal_body(dialect, "third"), "stream": stream})
         assert "turn limit" in assert_sdk_error(dialect, err.value, "rate")
-        assert err.value.response.headers["retry-after"] == "1"
+        assert status_error(err.value).response.headers["retry-after"] == "1"
         assert shape(check.session) == before
         assert len(check.stack.double.requests) == 2
         # The server still serves other sessions.

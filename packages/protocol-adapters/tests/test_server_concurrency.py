@@ -71,14 +71,14 @@ async def run_agent(stack: LocalStack, token: str, name: str) -> None:
     """Two streamed turns of one agent: a tool call, its result, a final answer."""
     agent_id = AGENTS[name]
     headers = {} if agent_id is None else {"x-claude-code-agent-id": agent_id}
-    system = [
+    system: list[Any] = [
         {"type": "text", "text": "You are Claude Code."},
         {"type": "text", "text": f"You are agent {name}."},
     ]
     messages: list[Any] = [{"role": "user", "content": f"Do the {name} part."}]
     if agent_id is not None:  # a sub-agent's history: its prompt, then the environment
         messages.append({"role": "system", "content": "Environment: /repo, Linux."})
-    tools = [BASH, AGENT] if agent_id is None else [BASH]
+    tools: list[Any] = [BASH, AGENT] if agent_id is None else [BASH]
     async with anthropic.AsyncAnthropic(
         base_url=stack.server.url, api_key=token, max_retries=0, default_headers=headers
     ) as api:

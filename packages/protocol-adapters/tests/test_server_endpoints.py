@@ -58,7 +58,7 @@ async def test_beta_query_is_accepted_and_count_tokens_is_the_prompt_the_engine_
         )
         assert raw.status == 200
         assert raw.body["content"] == [{"type": "text", "text": "ok"}]
-        assert message.content[0].text == "ok"  # type: ignore[union-attr]
+        assert message.content[0].text == "ok"
         assert streamed.content[0].text == "ok"  # type: ignore[union-attr]
         sent = stack.double.requests[0]
         assert counted.input_tokens == len(sent.input_ids)
@@ -127,7 +127,7 @@ async def test_system_entries_inside_messages_render_and_keep_the_branch(
             )
             messages.append({"role": "system", "content": "Note: the user is waiting."})
             second = await api.messages.create(**{**REQUEST, "messages": messages})
-        assert second.content[0].text == "Two files."  # type: ignore[union-attr]
+        assert second.content[0].text == "Two files."
         tree = session.tree
         roles = [m.role for m in tree.request_messages(tree.turns[1])]
         assert roles == ["system", "user", "system", "assistant", "tool", "system"]

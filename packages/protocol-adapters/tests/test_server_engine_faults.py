@@ -32,9 +32,15 @@ from .server_clients import (
     minimal_body,
     raw_request,
     sdk_error_types,
+    status_error,
 )
 
-FAST = {"request_timeout": 0.5, "stream_idle_timeout": 0.5, "abort_timeout": 1.0}
+
+def fast(url: str) -> SGLangConfig:
+    """Short engine deadlines, so timeouts and stalls show within a test."""
+    return SGLangConfig(
+        base_url=url, request_timeout=0.5, stream_idle_timeout=0.5, abort_timeout=1.0
+    )
 
 
 def closed_port() -> int:
@@ -106,7 +112,7 @@ async def test_engine_down_is_overloaded_and_served_once_it_is_back(
                 await check.client.post(minimal_body(dialect, "engine is down"))
             message = assert_sdk_error(dialect, err.value, "overloaded")
             assert "unreachable" in message
-            assert err.value.response.headers["retry-after"] == "1"
+            assert status_error(err.value).response.headers["retry-after"] == "1"
             assert check.stack.double.aborts == []
             await relay.up()
             await check.after_refusal()
@@ -122,7 +128,7 @@ async def test_engine_timeout_is_504_and_the_generation_is_aborted(
         tokenizer_cache,
         qwen_vocabulary,
         dialect,
-        engine_config=lambda url: SGLangConfig(base_url=url, **FAST),
+        engine_config=fast,
     ) as check:
         double = check.stack.double
         double.faults = Faults(hang=True)
@@ -183,7 +189,7 @@ async def test_engine_failure_before_the_first_token_of_a_stream_is_an_http_erro
         tokenizer_cache,
         qwen_vocabulary,
         dialect,
-        engine_config=lambda url: SGLangConfig(base_url=url, **FAST),
+        engine_config=fast,
     ) as check:
         double = check.stack.double
         double.faults = faults

@@ -87,7 +87,7 @@ async def test_chat_logprobs_are_the_engines_whole_and_streamed(
         assert whole is not None
         assert whole.content is not None
         entries = [e.model_dump() for e in whole.content]
-        assert len(entries) == completion.usage.completion_tokens  # type: ignore[union-attr]
+        assert len(entries) == completion.usage.completion_tokens
         assert_engine_logprobs(stack, entries, 3)
         streamed = [
             e.model_dump()

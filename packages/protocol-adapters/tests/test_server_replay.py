@@ -136,7 +136,7 @@ async def test_a_replayed_answer_is_continued_like_the_original(
                 },
             ]
             final = await api.messages.create(**{**REQUEST, "messages": messages})
-        assert final.content[0].text == "Done."  # type: ignore[union-attr]
+        assert final.content[0].text == "Done."
         tree = session.tree
         assert len(tree.turns) == 2
         lin = linearize(tree)

