@@ -95,7 +95,7 @@ class Adapter:
     tokens: list[str]
 
     def rss_mb(self) -> float:
-        """The adapter's resident memory, its worker process (large bodies) included."""
+        """The adapter's resident memory, any child processes of it included."""
         return sum(_status_kb(pid, "VmRSS") for pid in _tree(self.process.pid)) / 1024
 
     def stop(self) -> None:
@@ -267,7 +267,7 @@ async def measure(
     try:
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            # Warm up: imports, caches, worker threads, and the large-body worker process.
+            # Warm up: imports, caches, the worker threads and the large-body thread.
             await refuse(http, adapter, adapter.tokens[0], big_body(args.warm_up_mb, seed=1))
             await asyncio.sleep(1.0)
             idle_mb = adapter.rss_mb()
@@ -394,7 +394,7 @@ def main() -> int:
         "--warm-up-mb",
         type=float,
         default=9.0,
-        help="the warm-up request (large enough to start the large-body worker process)",
+        help="the warm-up request (over 8 MB, so it also warms the large-body thread)",
     )
     parser.add_argument(
         "--context",
