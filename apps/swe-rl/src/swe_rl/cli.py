@@ -205,7 +205,7 @@ def _positive_float(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     words = list(sys.argv[1:] if argv is None else argv)
     if not words or (words[0] not in _HANDLERS and words[0] not in _TOP_LEVEL_OPTIONS):
         words = ["demo", *words]  # the demo is the default command, options and all

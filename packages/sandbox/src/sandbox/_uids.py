@@ -31,7 +31,7 @@ class UidRange:
     count: int = 65536
     lock_dir: Path | None = None
     """Where the lease files live; all users of one range on a host must share it (default:
-    `sandbox-uids` in the system temporary directory)."""
+    /tmp/sandbox-uids, whatever TMPDIR says)."""
 
     def __post_init__(self) -> None:
         if self.first < 1000 or self.count < 1 or self.first + self.count > 2**31 - 1:

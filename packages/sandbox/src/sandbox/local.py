@@ -68,6 +68,7 @@ _T = TypeVar("_T")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SEED_PATH = "/run/sandbox/seed"
 _STATE_PREFIX = "sandbox-"
+_BWRAP_EXIT_S = 5.0
 # Git settings for populating the workspace inside: no system config, and a global config
 # that trusts the read-only source (another uid owns it). Only a global config will do: git
 # hides command-line and environment config from the process that reads a local source.
@@ -340,7 +341,7 @@ class _Prepared:
             seccomp=compile_filter(),
             init_source=resources.files("sandbox").joinpath("_init.py").read_bytes(),
             as_root=as_root,
-            stage=stage_dir(Path(tempfile.gettempdir())) if as_root else None,
+            stage=stage_dir(_host_tmp()) if as_root else None,
             cgroups=cgroups,
             enforcement=_enforcement(config, cgroups, as_root),
         )
@@ -387,6 +388,7 @@ class _Booted:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         try:
             await self.process.wait()
+            logger.debug("sandbox %s: bwrap %d reaped", self.state_dir.name, self.process.pid)
         finally:
             os.close(self.pidfd)
             await asyncio.to_thread(self._release)
@@ -544,6 +546,7 @@ class _Boot:
         log = state / "bwrap.log"
         try:
             process = await _spawn_bwrap(argv, log, fds.all())
+            logger.debug("sandbox %s: bwrap %d started", state.name, process.pid)
         except BaseException:
             control.close()
             for fd in (info_read, block_write):
@@ -570,13 +573,11 @@ class _Boot:
         except BaseException:
             if channel is None:
                 control.close()
+            if pidfd < 0:  # the info may have arrived after we stopped waiting for it
+                pidfd = _late_pidfd(info_read)
+            await asyncio.shield(_abort_boot(process, pidfd, state.name))
             if pidfd >= 0:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 os.close(pidfd)
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
             raise
         finally:
             os.close(info_read)
@@ -607,6 +608,30 @@ class _Boot:
         result = await sandbox.exec(command, env=_GIT_ENV, timeout=self.config.boot_timeout * 30)
         if not result.ok:
             raise CheckoutError(f"populating the workspace failed: {result.stderr.strip()}")
+
+
+async def _abort_boot(process: asyncio.subprocess.Process, init_pidfd: int, name: str) -> None:
+    """End a half-booted sandbox so that nothing is left unreaped: kill init first and let
+    bwrap reap it and exit (killing bwrap first would orphan init); bwrap itself only if it
+    does not go, or when init never existed."""
+    if init_pidfd >= 0:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(process.wait()), _BWRAP_EXIT_S)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
+    logger.debug("sandbox %s: bwrap %d reaped after a failed boot", name, process.pid)
+
+
+def _late_pidfd(info_read: int) -> int:
+    """A pidfd for init if bwrap's info is already in the pipe, else -1."""
+    try:
+        info = json.loads(os.read(info_read, 65536))
+        return os.pidfd_open(int(info["child-pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 async def _spawn_bwrap(
@@ -697,8 +722,15 @@ def _tail(log: Path) -> str:
 # -- host-side helpers --------------------------------------------------------------------
 
 
+def _host_tmp() -> Path:
+    """The host's /tmp, whatever TMPDIR says: uid leases must be shared by every process on the
+    host, and the staging mount point must be reachable by every sandbox uid (a private TMPDIR
+    under a 0700 directory is not)."""
+    return Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+
+
 def _uid_lock_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "sandbox-uids"
+    return _host_tmp() / "sandbox-uids"
 
 
 def _make_state_dir(config: LocalConfig) -> Path:
