@@ -117,7 +117,12 @@ async def test_serve_refuses_a_context_larger_than_the_engines(
     async with EngineDouble(tokenizer, [], context_length=8192) as double:
         command = serve_command(double.url, tokenizer_cache, "--context-tokens", "16384")
         process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
-        _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        try:
+            _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        finally:  # a server that wrongly starts must not outlive the test
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
     assert process.returncode == 1
     message = stderr.decode()
     assert "refusing to start" in message
