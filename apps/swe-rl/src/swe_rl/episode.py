@@ -250,7 +250,8 @@ class SweEpisode:
     def _status(self, run: AgentRun) -> EpisodeStatus:
         if run.timed_out:
             if self.config.on_budget == "abort":
-                raise _Aborted(f"the agent used its whole budget ({run.duration:.0f} s)")
+                detail = f"; last: {run.stats.error}" if run.stats.error else ""
+                raise _Aborted(f"the agent used its whole budget ({run.duration:.0f} s){detail}")
             return EpisodeStatus.TRUNCATED
         if run.exit_code != 0:
             detail = run.stats.error or run.stderr_tail.strip()[-500:] or "no message"

@@ -83,7 +83,9 @@ async def run_rollout(args: argparse.Namespace) -> int:
         f"{len(result.records)} episodes ({resolved} rewarded) in {result.duration_s:.0f} s; "
         f"samples: {result.samples_path}; viewer: {viewer}"
     )
-    return 130 if result.interrupted else 0
+    for problem in result.write_errors:
+        console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
+    return 130 if result.interrupted else 1 if result.write_errors else 0
 
 
 def _rows(path: Path, console: Console) -> list[TaskRow]:

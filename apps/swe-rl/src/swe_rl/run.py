@@ -167,6 +167,8 @@ class RunResult:
     duration_s: float
     samples_path: Path
     run_json: Path
+    write_errors: tuple[str, ...] = ()
+    """Episodes whose samples could not be written (a full disk): named, never silent."""
 
 
 @dataclass(slots=True)
@@ -188,6 +190,7 @@ class Run:
         samples_path = self.out / "samples.jsonl"
         samples_path.write_text("")
         records: dict[int, EpisodeRecord] = {}
+        write_errors: list[str] = []
         with _interruptible() as stop, _progress() as progress:
             bar = progress.add_task("episodes", total=len(episodes))
             gate = asyncio.Semaphore(self.concurrency)
@@ -198,7 +201,10 @@ class Run:
                         return
                     samples = await self.source(episode)
                 records[episode.index] = EpisodeRecord.from_samples(episode, samples)
-                await asyncio.to_thread(_append_samples, samples_path, samples)
+                try:
+                    await asyncio.to_thread(_append_samples, samples_path, samples)
+                except OSError as error:  # a full disk ends this write, not the run
+                    write_errors.append(f"{episode.episode_id}: {error.strerror or error}")
                 progress.advance(bar)
 
             tasks = [asyncio.create_task(one(episode)) for episode in episodes]
@@ -217,8 +223,10 @@ class Run:
         gates = evaluate_gates((r.health() for r in ordered), self.gate_config)
         run_json = self.out / "run.json"
         duration = time.monotonic() - started
-        _write_run(run_json, self, ordered, gates, interrupted, duration)
-        return RunResult(ordered, gates, interrupted, duration, samples_path, run_json)
+        _write_run(run_json, self, ordered, gates, interrupted, duration, write_errors)
+        return RunResult(
+            ordered, gates, interrupted, duration, samples_path, run_json, tuple(write_errors)
+        )
 
 
 def _advantages(records: list[EpisodeRecord]) -> None:
@@ -239,6 +247,7 @@ def _write_run(
     gates: GateReport,
     interrupted: bool,
     duration: float,
+    write_errors: list[str],
 ) -> None:
     alarms = [
         {
@@ -256,6 +265,7 @@ def _write_run(
         "agent": run.agent,
         "interrupted": interrupted,
         "duration_s": round(duration, 3),
+        "sample_write_errors": write_errors,
         "episodes": [
             {
                 **dataclasses.asdict(record),

@@ -137,7 +137,8 @@ class ClaudeCodeTally(EventTally):
     events carry the `parent_tool_use_id` of the call that started it, and the stream shows
     only some of them (a foreground sub-agent's final reply never), so only the main agent's
     replies are counted as its turns. The final `result` event carries the answer, or
-    `is_error` with the reason.
+    `is_error` with the reason; until then, the last `api_retry` event says why the CLI is
+    stuck retrying a model call.
     """
 
     def __init__(self) -> None:
@@ -152,6 +153,13 @@ class ClaudeCodeTally(EventTally):
             self._observe_reply(as_dict(event.get("message")), from_main_agent=from_main_agent)
         elif kind == "result":
             self._observe_result(event)
+        elif kind == "system" and event.get("subtype") == "api_retry":
+            # The CLI retrying a failed model call: if the run ends before a result (a budget
+            # kill), this is the only account of why it was stuck.
+            status = event.get("error_status")
+            error = as_str(event.get("error")) or "error"
+            attempt, limit = event.get("attempt"), event.get("max_retries")
+            self.error = f"model call failed ({error}, HTTP {status}), retry {attempt} of {limit}"
 
     def _observe_reply(self, message: Mapping[str, Any], *, from_main_agent: bool) -> None:
         message_id = as_str(message.get("id"))

@@ -131,7 +131,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         out, lambda token: vocabulary.decode([token]), options=settings.conversion
     )
     _report(console, result, viewer, out)
-    return 130 if result.interrupted else 0
+    return 130 if result.interrupted else 1 if result.write_errors else 0
 
 
 async def _sandbox_backend() -> tuple[LocalBackend, str | None]:
@@ -208,6 +208,8 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
     console.print(table)
     for alarm in result.gates.tripped:
         console.print(f"[bold red]alarm[/] {alarm.name}: {alarm.offending}/{alarm.episodes}")
+    for problem in result.write_errors:
+        console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
     console.print(f"samples:  {result.samples_path}")
     console.print(f"viewer:   {viewer}")
     console.print(f"episodes: {out / 'episodes'}   ({result.duration_s:.0f} s)")
