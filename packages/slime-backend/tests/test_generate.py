@@ -426,3 +426,60 @@ async def test_closing_stops_the_adapter(
     await generate.aclose()
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection(host, int(port))
+
+
+EXIT_SCRIPT = """
+import asyncio, atexit, sys, threading, time
+from pathlib import Path
+
+from protocol_adapters.testing import EngineDouble, Faults
+from protocol_adapters.testing.stack import VocabularyTokenizer
+from protocol_adapters.tokenizer.checkpoint import load_checkpoint
+from rollout_kit import AgentModel, base_group, scripted_episode
+from slime_backend import AgentSettings, BackendSettings, EpisodeSettings
+from slime_backend.generate import make_generate
+from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
+
+checkpoint = Path(sys.argv[1])
+vocabulary = load_checkpoint(checkpoint).vocabulary
+loop = asyncio.new_event_loop()  # slime's rollout loop: forever, in a daemon thread
+threading.Thread(target=loop.run_forever, daemon=True).start()
+tokenizer = VocabularyTokenizer(vocabulary)
+double = EngineDouble(tokenizer, AgentModel(vocabulary), faults=Faults(hang=True))
+url = asyncio.run_coroutine_threadsafe(double.start(), loop).result()
+atexit.register(lambda: print("aborted at exit:", len(double.aborts), flush=True))
+args = slime_args(url, checkpoint, BackendSettings(EpisodeSettings("a.b"), AgentSettings("x")))
+generate = make_generate(scripted_episode, sample_class=StandInSample)
+sample = base_group(0, 1, 0, [{}])[0]
+sample.session_id = "at-exit"
+asyncio.run_coroutine_threadsafe(generate(args, sample, slime_sampling_params(args)), loop)
+while not double.requests:
+    time.sleep(0.02)
+print("generating", flush=True)
+sys.exit(0)
+"""
+
+
+def test_interpreter_exit_closes_the_adapter_and_aborts_what_is_generating(
+    qwen_checkpoint: Path, tmp_path: Path
+) -> None:
+    """slime runs the generate function on a loop in a daemon thread that is still running when
+    the interpreter exits: the adapter closes on it then, and the engine is told to abort the
+    generation an unfinished episode left (an orphan would outlive the rollout on the GPU)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    done = subprocess.run(
+        [sys.executable, str(script), str(qwen_checkpoint)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.stdout.splitlines() == ["generating", "aborted at exit: 1"], done.stderr[-2000:]
+    assert done.returncode == 0
