@@ -16,10 +16,11 @@ the diff, the grading log, a summary) are written to one directory, named in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -140,28 +141,37 @@ class SweEpisode:
         except TaskError as error:
             raise _Aborted(f"bad task: {error}") from None
         summary["instance_id"] = task.instance_id
-        try:
-            repo = await self.sources.prepare(task)
-        except SourceError as error:
-            raise _Aborted(f"repository: {error}") from None
-        mount, binds = self._mount(await self._install())
-        spec = self._spec(task, repo, session, binds)
-        try:
-            box = await self.backend.create(spec)
-        except SandboxError as error:
-            raise _Aborted(f"sandbox: {error}") from None
-        async with box:
-            await self._setup(box, task)
-            run = await self._agent(box, mount, task, session, budgets, directory)
-            summary["agent"] = _run_summary(run)
+        phases: dict[str, float] = summary.setdefault("phases_s", {})
+        with _phase(phases, "repository"):
             try:
-                diff = await capture_diff(box, task.base_commit)
-            except (SandboxError, ValueError) as error:
-                raise _Aborted(f"capturing the diff failed: {error}") from None
+                repo = await self.sources.prepare(task)
+            except SourceError as error:
+                raise _Aborted(f"repository: {error}") from None
+            mount, binds = self._mount(await self._install())
+        spec = self._spec(task, repo, session, binds)
+        with _phase(phases, "sandbox"):
+            try:
+                box = await self.backend.create(spec)
+            except SandboxError as error:
+                raise _Aborted(f"sandbox: {error}") from None
+        async with box:
+            with _phase(phases, "setup"):
+                await self._setup(box, task)
+            with _phase(phases, "agent"):
+                run = await self._agent(box, mount, task, session, budgets, directory)
+            summary["agent"] = _run_summary(run)
+            with _phase(phases, "diff"):
+                try:
+                    diff = await capture_diff(box, task.base_commit)
+                except (SandboxError, ValueError) as error:
+                    raise _Aborted(f"capturing the diff failed: {error}") from None
+            closing = time.perf_counter()
+        phases["sandbox"] += time.perf_counter() - closing  # closing is the sandbox's cost too
         await asyncio.to_thread(_write_bytes, directory / "diff.patch", diff.patch)
         summary["changed_paths"] = list(diff.changed_paths)
         status = self._status(run)
-        result = await self._grade(task, repo, diff.patch, directory)
+        with _phase(phases, "grading"):
+            result = await self._grade(task, repo, diff.patch, directory)
         summary["grading"] = result.summary()
         artifacts: dict[str, JsonValue] = {
             "instance_id": task.instance_id,
@@ -171,6 +181,7 @@ class SweEpisode:
             "refused_paths": sorted(result.refused_paths),
             "agent_exit_code": run.exit_code,
             "agent_tool_calls": run.stats.tool_calls,
+            "phases_s": {name: round(seconds, 4) for name, seconds in phases.items()},
         }
         return EpisodeOutcome(result.reward, status, "", artifacts)
 
@@ -280,6 +291,16 @@ class SweEpisode:
         instance = str(task.get("instance_id", "unknown")) if isinstance(task, Mapping) else "bad"
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance)[:80]
         return self.config.artifacts_root / f"{safe}-{session.session_id}"
+
+
+@contextlib.contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Time one phase of the episode into `phases` (kept in the summary and the samples)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
 
 
 def _run_summary(run: AgentRun) -> dict[str, Any]:

