@@ -6,37 +6,24 @@ they answer whatever the real CLI actually sent instead of a sequence fixed in a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from protocol_adapters.testing import ScriptedReply
+from protocol_adapters.testing.prompt_tools import ShellTool, find_shell_tool, offered_tools
 from protocol_adapters.tokenizer import Vocabulary
 
 START = "<|im_start|>"
 END = "<|im_end|>"
-_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
-_COMMAND_ARGUMENTS = ("command", "cmd")
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
     text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ShellTool:
-    """A function tool that runs one shell command line, held in the string ``argument``."""
-
-    name: str
-    argument: str
-
-    def call(self, line: str) -> tuple[str, dict[str, object]]:
-        return self.name, {self.argument: line}
 
 
 class Prompt:
@@ -73,16 +60,7 @@ class Prompt:
     @cached_property
     def tools(self) -> list[Mapping[str, object]]:
         """The function specs the Qwen3-style template wrote into the system turn."""
-        block = _TOOLS_BLOCK.search(self.text)
-        if block is None:
-            return []
-        specs: list[Mapping[str, object]] = []
-        for line in block.group(1).split("\n"):
-            spec = json.loads(line)
-            function = spec.get("function", spec)
-            if isinstance(function, dict):
-                specs.append(function)
-        return specs
+        return offered_tools(self.text)
 
     def tool(self, name: str) -> Mapping[str, object] | None:
         return next((t for t in self.tools if t.get("name") == name), None)
@@ -93,20 +71,7 @@ class Prompt:
 
         A call then satisfies its schema with that one argument, whatever the CLI named it.
         """
-        for tool in self.tools:
-            schema = tool.get("parameters")
-            name = tool.get("name")
-            if not isinstance(schema, dict) or not isinstance(name, str):
-                continue
-            properties = schema.get("properties")
-            required = schema.get("required")
-            if not isinstance(properties, dict) or not isinstance(required, list):
-                continue
-            if len(required) == 1 and required[0] in _COMMAND_ARGUMENTS:
-                spec = properties.get(required[0])
-                if isinstance(spec, dict) and spec.get("type") == "string":
-                    return ShellTool(name, required[0])
-        return None
+        return find_shell_tool(self.tools)
 
 
 @dataclass(slots=True)
