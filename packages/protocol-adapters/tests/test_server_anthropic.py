@@ -204,3 +204,23 @@ async def test_large_bodies_are_decoded_off_the_loop_with_the_same_answers(
             "messages.0.content: is not valid Unicode (lone surrogate U+D800)"
         )
         await api.close()
+
+
+async def test_the_engine_routes_by_session_id_never_by_the_token(
+    qwen_vocabulary: Vocabulary, tmp_path: Path
+) -> None:
+    async with local_stack(
+        [ScriptedReply(text="one"), ScriptedReply(text="two")],
+        tokenizer_cache=tmp_path,
+        vocabulary=qwen_vocabulary,
+    ) as stack:
+        named = stack.server.sessions.open("episode-7")
+        unnamed = stack.server.sessions.open()
+        for session in (named, unnamed):
+            await client(stack, session.token).messages.create(
+                model="policy", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+            )
+        keys = [request.headers.get("x-smg-routing-key") for request in stack.double.requests]
+    assert keys == ["episode-7", unnamed.tree.session_id]
+    assert unnamed.tree.session_id.startswith("session-")
+    assert unnamed.token not in unnamed.tree.session_id  # a credential never names a tree

@@ -133,6 +133,10 @@ class SessionRegistry:
     ) -> Session:
         """Open a session; a fresh random token is made unless one is given.
 
+        ``session_id`` names the session's tree and keys the engine's sticky routing; a fresh
+        random id is made when none is given (never the token: the token is a credential, and
+        the id travels in trees, samples and routing headers).
+
         Raises :class:`ContextTooLarge` for a context the engine cannot serve, and
         ``RuntimeError`` when the context is left to the engine before the server learned it.
         """
@@ -141,7 +145,8 @@ class SessionRegistry:
         token = token or "sess-" + secrets.token_urlsafe(24)
         if token in self._sessions:
             raise ValueError("a session with this token is already open")
-        session = Session(token, SessionTree(session_id or token), limits, context)
+        name = session_id or "session-" + secrets.token_hex(8)
+        session = Session(token, SessionTree(name), limits, context)
         self._sessions[token] = session
         return session
 

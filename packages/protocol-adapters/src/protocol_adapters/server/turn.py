@@ -237,7 +237,7 @@ class TurnRunner:
         engine_request = GenerateRequest(
             input_ids=tuple(rendered.ids),
             sampling=params,
-            routing_key=session.token,
+            routing_key=session.tree.session_id,  # never the token: it is a credential
             rid=new_rid(),
             top_logprobs=client.top_logprobs if client.logprobs else 0,
         )
