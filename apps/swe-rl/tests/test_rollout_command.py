@@ -1,0 +1,113 @@
+"""`swe-rl rollout` as a user runs it, against an engine that speaks SGLang's wire.
+
+The engine is the double (no GPU here) serving the demo's scripted policy from this test
+process; everything in the child is what a real rollout runs: the task file read and
+validated, the checkpoint's tokenizer, the episode built from the run's settings by
+`configure`, slime's generate function, real Claude Code in real sandboxes, grading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from protocol_adapters.testing import EngineDouble
+from protocol_adapters.testing.checkpoint import write_checkpoint
+from protocol_adapters.testing.stack import VocabularyTokenizer
+from protocol_adapters.tokenizer import Vocabulary
+from swe_rl.demo.policy import DemoPolicy
+from swe_rl.demo.repos import create_demo_tasks
+
+APP = Path(__file__).resolve().parents[1]
+
+
+async def swe_rl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(APP),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    output, _ = await asyncio.wait_for(child.communicate(), 300)
+    assert child.returncode is not None
+    return child.returncode, output.decode()
+
+
+@pytest.mark.slow
+async def test_rollout_runs_a_task_file_against_an_sglang_wire_engine(
+    qwen_vocabulary: Vocabulary, tmp_path: Path
+) -> None:
+    rows = create_demo_tasks(tmp_path / "repos")
+    tasks = tmp_path / "tasks.jsonl"
+    lines = [json.dumps(row) for row in rows[:2]] + ['{"prompt": "broken row"}']
+    tasks.write_text("\n".join(lines) + "\n")
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", qwen_vocabulary)
+    policy = DemoPolicy(qwen_vocabulary, plans=("fix", "skip"))
+    async with EngineDouble(
+        VocabularyTokenizer(qwen_vocabulary),
+        policy,
+        context_length=32768,
+        incremental_streaming=True,
+    ) as double:
+        code, output = await swe_rl(
+            "rollout",
+            str(tasks),
+            "--engine-url",
+            double.url,
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "run"),
+            "-k",
+            "2",
+            "--concurrency",
+            "2",
+            "--budget",
+            "120",
+        )
+    assert code == 0, output
+    assert "skipped tasks.jsonl row 3: metadata: is required" in output
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert [e["status"] for e in run["episodes"]] == ["completed"] * 4
+    assert sorted(e["reward"] for e in run["episodes"]) == [0.0, 0.0, 1.0, 1.0]
+    assert run["checkpoint"] == str(checkpoint)
+    assert (tmp_path / "run" / "viewer.html").is_file()
+    for episode in run["episodes"]:
+        assert (tmp_path / "run" / episode["dir"] / "tree.json").is_file()
+    # Every engine request came with a session id as its routing key, none with a token.
+    keys = {request.headers.get("x-smg-routing-key") for request in double.requests}
+    assert None not in keys
+    assert not any(key.startswith("sess-") for key in keys if key)
+
+
+async def test_rollout_never_runs_a_model_unsandboxed_unless_told(
+    qwen_vocabulary: Vocabulary, tmp_path: Path
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(create_demo_tasks(tmp_path / "repos")[0]) + "\n")
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", qwen_vocabulary)
+    no_bwrap = tmp_path / "bin"
+    no_bwrap.mkdir()
+    for tool in ("git", "python3"):
+        (no_bwrap / tool).symlink_to(f"/usr/bin/{tool}")
+    code, output = await swe_rl(
+        "rollout",
+        str(tasks),
+        "--engine-url",
+        "http://127.0.0.1:9",
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(tmp_path / "run"),
+        env={"PATH": str(no_bwrap)},
+    )
+    assert code == 2
+    assert "a real model's commands never run unsandboxed" in output
+    assert "--unsafe-no-sandbox" in output
