@@ -1,6 +1,8 @@
 """Real agent CLIs (Claude Code, Codex): pinned npm installs, configured for the adapter,
 run in a sandbox with a wall-clock budget."""
 
+from importlib.metadata import version as _distribution_version
+
 from harness.base import DEFAULT_STATE_ROOT, Harness, NpmHarness
 from harness.claude_code import CLAUDE_CODE_CLI, ClaudeCode, ClaudeCodeTally
 from harness.codex import CODEX_CLI, Codex, CodexTally
@@ -12,7 +14,7 @@ from harness.launch import Launch
 from harness.mount import DEFAULT_MOUNT_ROOT, CliMount
 from harness.run import AgentRun
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("agent-rl-harness")  # pyproject.toml is the one source
 
 __all__ = [
     "CLAUDE_CODE_CLI",

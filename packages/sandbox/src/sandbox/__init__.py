@@ -1,5 +1,7 @@
 """Async sandboxes for agent episodes: local bubblewrap by default, E2B for scale."""
 
+from importlib.metadata import version as _distribution_version
+
 from sandbox._uids import UidRange
 from sandbox.e2b_backend import E2BBackend, E2BConfig
 from sandbox.errors import (
@@ -27,7 +29,7 @@ from sandbox.spec import (
 )
 from sandbox.workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("agent-rl-sandbox")  # pyproject.toml is the one source
 
 __all__ = [
     "CapturedDiff",

@@ -15,6 +15,8 @@
 slime is never imported at import time; see :mod:`~slime_backend.slime_api`.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from .conversion import ConversionError, ConversionOptions, episode_samples
 from .episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue
 from .gates import EpisodeHealth, GateConfig, GateReport, SilentFailureAlarm, evaluate_gates
@@ -23,7 +25,7 @@ from .settings import AgentSettings, BackendSettings, EpisodeSettings, SandboxSe
 from .slime_api import NAMESPACE, SlimeNotInstalled, SlimeSample, sample_class
 from .typed_config import ConfigError
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("agent-rl-slime-backend")  # pyproject.toml is the one source
 
 __all__ = [
     "NAMESPACE",

@@ -11,6 +11,8 @@ generated token is trained exactly once or excluded with a reason. Standard libr
     samples = linearize(tree).samples
 """
 
+from importlib.metadata import version as _distribution_version
+
 from .bridge import BridgedPrompt, FullPrompt, Segment
 from .canonical import canonical_json, same_message
 from .errors import ForeignRoute, FormatError, InvalidTurn, TrajectoryError
@@ -33,7 +35,7 @@ from .summary import SessionSummary, summarize
 from .tree import Node, Route, SessionTree
 from .turns import Completion, Turn, TurnMeta
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("agent-rl-trajectory-tree")  # pyproject.toml is the one source
 
 __all__ = [
     "Block",

@@ -11,24 +11,24 @@ session's samples is an id the engine produced, in order, with its logprob.
 from __future__ import annotations
 
 import re
+import subprocess
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
-from harness import AgentEndpoint, ClaudeCode, Codex, Harness, InstalledCli
+from harness import AgentEndpoint, ClaudeCode, CliMount, Codex, Harness, InstalledCli
 from protocol_adapters.server.config import AdapterConfig
 from protocol_adapters.server.sessions import SessionLimits
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import check_engine_tokens_trained
 from sandbox.git_diff import capture_diff
-from sandbox.local import LocalBackend
+from sandbox.local import LocalBackend, LocalConfig
 from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
 from trajectory_tree import SessionTree, linearize
-
-from .conftest import mount_for
 
 # The engine double serves a 32768-token context; the adapter and the CLIs must agree with it.
 CONTEXT_WINDOW = 32768
@@ -80,16 +80,32 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="session")
-def tokenizer_cache(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The pytest cache entry the protocol-adapters tests use (the Qwen3 tokenizer is built
-    once per checkout); a temporary directory when pytest runs without its cache."""
-    cache = getattr(request.config, "cache", None)
-    if cache is None:
-        return tmp_path_factory.mktemp("qwen3-tokenizer")
-    return Path(cache.mkdir("qwen3-tokenizer"))
+@pytest.fixture
+def backend(tmp_path: Path) -> LocalBackend:
+    root = tmp_path / "state"
+    root.mkdir()
+    return LocalBackend(LocalConfig(state_root=root))
+
+
+@pytest.fixture
+def tiny_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A real git repository with one commit: (path, commit)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "greeting.py").write_text('GREETING = "hello"\n')
+    (repo / "README.md").write_text("A tiny repository for agent runs.\n")
+    identity = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], [*identity, "commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True)
+    return repo, head.stdout.decode().strip()
+
+
+def mount_for(backend: LocalBackend, installed: InstalledCli) -> CliMount:
+    """A read-only bind at a unique sandbox path, or the host path without isolation."""
+    if backend.isolated:
+        return CliMount.under(installed, PurePosixPath(f"/opt/harness-e2e-{uuid.uuid4().hex}"))
+    return CliMount.at_host_path(installed)
 
 
 def changed_lines(patch: bytes) -> list[str]:
@@ -121,14 +137,14 @@ async def test_real_cli_edits_through_its_tool_and_trains_engine_tokens(
     backend: LocalBackend,
     tiny_repo: tuple[Path, str],
     tokenizer_cache: Path,
-    claude_install: InstalledCli,
-    codex_install: InstalledCli,
+    claude_code_cli: InstalledCli,
+    codex_cli: InstalledCli,
     tmp_path: Path,
 ) -> None:
     case = CASES[name]
-    installed = claude_install if name == "claude-code" else codex_install
+    installed = claude_code_cli if name == "claude-code" else codex_cli
     repo, base = tiny_repo
-    mount = await mount_for(backend, installed)
+    mount = mount_for(backend, installed)
     config = AdapterConfig(models=(POLICY,), limits=SessionLimits(context_tokens=CONTEXT_WINDOW))
     async with local_stack(case.script, tokenizer_cache=tokenizer_cache, config=config) as stack:
         session = stack.server.sessions.open(f"e2e-{name}")
