@@ -20,10 +20,10 @@ from aiohttp import web
 
 from protocol_adapters.dialects.json_shape import text_problem
 from protocol_adapters.types import AdapterError
-from trajectory_tree import dumps
 
 from .config import AdminConfig
 from .sessions import Session, SessionLimits, SessionRegistry
+from .tree_json import tree_json
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def _tree_json(session: Session) -> web.Response:
-    return web.Response(text=dumps(session.tree), content_type="application/json")
+async def _tree_json(session: Session) -> web.Response:
+    return web.Response(text=await tree_json(session.tree), content_type="application/json")
 
 
 def _limit(body: Mapping[str, object], key: str, default: int | None) -> int | None:
@@ -105,14 +105,15 @@ def create_admin_app(
         session = open_one(request)
         if session is None:
             return _error(404, "no open session with this token")
-        return _tree_json(session)
+        return await _tree_json(session)
 
     async def close_session(request: web.Request) -> web.StreamResponse:
         session = open_one(request)
         if session is None:
             return _error(404, "no open session with this token")
         await stop(session)
-        answer = _tree_json(session)  # serialized first: a failure here keeps the session open
+        # Serialized first: a failure here keeps the session open.
+        answer = await _tree_json(session)
         sessions.close(session.token)
         return answer
 

@@ -1,0 +1,36 @@
+"""A session tree's JSON for the admin API, written without holding the event loop.
+
+A 200-turn Claude Code session holds about a million tokens; its JSON is ~10 MB and
+``json.dumps`` writes it in one C call that keeps the GIL for a third of a second, on a worker
+thread as much as on the loop, while every other session's tokens wait. So the tree is
+snapshotted on the loop (plain data, the loop may record new turns right after) and the text is
+written on a thread one node at a time: the loop gets the GIL back between nodes.
+
+The text is the same document :func:`trajectory_tree.dumps` writes, with every non-ASCII
+character escaped, so it is valid UTF-8 whatever the client sent (a lone surrogate included);
+:func:`trajectory_tree.loads` reads it back to the same tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from trajectory_tree import SessionTree, tree_to_dict
+
+
+async def tree_json(tree: SessionTree) -> str:
+    """The tree's JSON document (see the module docstring)."""
+    return await asyncio.to_thread(_write, tree_to_dict(tree))
+
+
+def _write(document: dict[str, Any]) -> str:
+    nodes = document.pop("nodes")
+    head = _encode(document)[:-1]  # the other fields, without the closing brace
+    separator = "," if document else ""
+    return f'{head}{separator}"nodes":[{",".join(map(_encode, nodes))}]}}'
+
+
+def _encode(value: object) -> str:
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
