@@ -60,7 +60,7 @@ runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin LANG
     cd ~/ci
     uv venv --quiet --python '"$python"' .venv
     uv pip install --quiet --python .venv --exclude-newer "$(cat exclude-newer)" \
-      -c constraints.txt "./packages/sandbox[e2b]" pytest pytest-asyncio hypothesis uvicorn
+      -c constraints.txt "./packages/sandbox[e2b]" --group packages/sandbox/pyproject.toml:test
     echo "-- sandbox tests as $(id -un) (uid $(id -u))"
     .venv/bin/python -m pytest packages/sandbox/tests -p no:cacheprovider "$@"
   ' bash "$@"

@@ -3,7 +3,7 @@
 The cluster is Ray's own ``ray.cluster_utils.Cluster``: a head and more nodes, each its own
 raylet with its own resources; the generate function runs in this process (slime's rollout
 process in production) and sends real episodes (the scripted agent on the anthropic SDK) to one
-worker per node, whose adapter talks to the engine double here. Needs ``slime-backend[ray]``.
+worker per node, whose adapter talks to the engine double here. Needs ``agent-rl-slime-backend[ray]``.
 """
 
 from __future__ import annotations

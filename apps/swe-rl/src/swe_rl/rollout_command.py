@@ -135,5 +135,5 @@ def _connect_ray(address: str) -> None:
     try:
         import ray
     except ImportError:
-        raise UsageError("--ray needs Ray: install slime-backend[ray]") from None
+        raise UsageError("--ray needs Ray: install agent-rl-swe-rl[ray]") from None
     ray.init(address=address)

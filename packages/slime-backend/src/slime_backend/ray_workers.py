@@ -17,7 +17,7 @@ dead worker leaves the pool, and the next dispatch starts a new one on any alive
 worker. Generations the dead worker had running on the engine cannot be aborted from here; they
 end at their ``max_new_tokens``.
 
-Ray is imported only when a pool is made (``pip install slime-backend[ray]``).
+Ray is imported only when a pool is made (``pip install agent-rl-slime-backend[ray]``).
 """
 
 from __future__ import annotations
@@ -193,6 +193,6 @@ def _ray() -> Any:
         import ray.util.scheduling_strategies  # type: ignore[import-not-found, unused-ignore]
     except ImportError as exc:
         raise ConfigError(
-            "workers.mode", "'ray' needs Ray installed (pip install slime-backend[ray])"
+            "workers.mode", "'ray' needs Ray installed (pip install agent-rl-slime-backend[ray])"
         ) from exc
     return ray

@@ -80,7 +80,7 @@ class SlimeRunner:
     def submit(self, *, ray: str = "ray") -> int:
         """Write the custom config, run ``ray job submit``; returns its exit status.
 
-        ``ray`` is the Ray CLI to use (``pip install slime-backend[ray]`` provides one).
+        ``ray`` is the Ray CLI to use (``pip install agent-rl-slime-backend[ray]`` provides one).
         """
         plan = self.plan()
         path = Path(plan.custom_config_path)
