@@ -15,6 +15,8 @@ class SGLangConfig:
     """Where the engine is and how long to wait for it.
 
     - ``connect_timeout``: opening a TCP connection; failing it means the engine is unreachable.
+      Counted only in time the event loop ran (see ``connect.py``), from when the connect starts
+      (not while waiting for a free pooled connection).
     - ``request_timeout``: the whole call, from sending to the last token.
     - ``stream_idle_timeout``: the longest gap between two streamed chunks (a stalled engine is
       noticed long before ``request_timeout``).

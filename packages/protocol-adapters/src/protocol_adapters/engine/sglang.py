@@ -3,7 +3,9 @@
 Failure mapping (each raises :class:`AdapterError`):
 
 - cannot connect (refused, unreachable, connect timeout) -> ``OVERLOADED``: nothing reached the
-  engine, so the client may simply retry later (it is down, restarting or saturated);
+  engine, so the client may simply retry later (it is down, restarting or saturated). The
+  connect timeout counts only time the event loop ran (``connect.py``): a stalled loop never
+  makes a healthy engine look unreachable;
 - connection reset or dropped after the request was sent -> ``ENGINE_ERROR``;
 - ``request_timeout`` or ``stream_idle_timeout`` passed -> ``TIMEOUT``;
 - an HTTP error status -> see :func:`wire.error_for_status` (4xx ``INVALID_REQUEST`` or
@@ -32,6 +34,7 @@ import aiohttp
 from protocol_adapters.types import AdapterError, ErrorKind
 
 from .config import SGLangConfig
+from .connect import ConnectDeadline, connect_trace
 from .sse import SSEParser
 from .types import GenerateChunk, GenerateRequest, GenerateResult
 from .wire import (
@@ -51,7 +54,7 @@ _JSON = {"Content-Type": "application/json"}
 
 
 class _Expired(Exception):
-    """One of our own deadlines passed (never aiohttp's connect timeout)."""
+    """One of our own deadlines passed (never the connect timeout)."""
 
     def __init__(self, what: str) -> None:
         super().__init__(what)
@@ -123,12 +126,11 @@ class SGLangEngine:
         session = self._client()
         deadline = self._deadline()
         async with self._generation(request) as call:
-            async with await self._within(
-                session.post(
-                    self.config.url("/generate"),
-                    data=await _encode_off_loop(request_body(request, stream=False)),
-                    headers=self._headers(request),
-                ),
+            async with await self._post(
+                session,
+                "/generate",
+                await _encode_off_loop(request_body(request, stream=False)),
+                self._headers(request),
                 deadline,
             ) as response:
                 body = await self._within(response.read(), deadline)
@@ -150,12 +152,11 @@ class SGLangEngine:
         decoder = StreamDecoder(request)
         parser = SSEParser()
         async with self._generation(request) as call:
-            response = await self._within(
-                session.post(
-                    self.config.url("/generate"),
-                    data=await _encode_off_loop(request_body(request, stream=True)),
-                    headers={**self._headers(request), "Accept": "text/event-stream"},
-                ),
+            response = await self._post(
+                session,
+                "/generate",
+                await _encode_off_loop(request_body(request, stream=True)),
+                {**self._headers(request), "Accept": "text/event-stream"},
                 deadline,
                 idle,
             )
@@ -202,12 +203,19 @@ class SGLangEngine:
     async def abort(self, rid: str) -> None:
         """Ask the engine to stop ``rid``; raises ``AdapterError`` if the engine can't be told."""
         session = self._client()
+        attempt = self._connect_deadline()
         try:
-            async with asyncio.timeout(self.config.abort_timeout):
-                async with session.post(
-                    self.config.url("/abort_request"), data=_encode({"rid": rid}), headers=_JSON
-                ) as response:
-                    body = await response.read()
+            async with (
+                asyncio.timeout(self.config.abort_timeout),
+                attempt,
+                session.post(
+                    self.config.url("/abort_request"),
+                    data=_encode({"rid": rid}),
+                    headers=_JSON,
+                    trace_request_ctx=attempt,
+                ) as response,
+            ):
+                body = await response.read()
         except TimeoutError as exc:
             raise AdapterError(
                 ErrorKind.TIMEOUT,
@@ -224,10 +232,14 @@ class SGLangEngine:
         ``ENGINE_ERROR``."""
         session = self._client()
         for path in _SERVER_INFO_PATHS:
+            attempt = self._connect_deadline()
             try:
-                async with asyncio.timeout(self.config.info_timeout):
-                    async with session.get(self.config.url(path)) as response:
-                        body = await response.read()
+                async with (
+                    asyncio.timeout(self.config.info_timeout),
+                    attempt,
+                    session.get(self.config.url(path), trace_request_ctx=attempt) as response,
+                ):
+                    body = await response.read()
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 raise AdapterError(
                     ErrorKind.OVERLOADED, f"engine at {self.config.base_url} unreachable: {exc}"
@@ -260,9 +272,34 @@ class SGLangEngine:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.config.max_connections),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
+                timeout=aiohttp.ClientTimeout(total=None),  # connects: ConnectDeadline
+                trace_configs=[connect_trace()],
             )
         return self._session
+
+    def _connect_deadline(self) -> ConnectDeadline:
+        return ConnectDeadline(self.config.connect_timeout)
+
+    async def _post(
+        self,
+        session: aiohttp.ClientSession,
+        path: str,
+        data: bytes,
+        headers: dict[str, str],
+        deadline: float,
+        idle: float | None = None,
+    ) -> aiohttp.ClientResponse:
+        """POST ``path`` until the response's headers arrive, under the call's deadline, its
+        connect under a :class:`ConnectDeadline` (stalls of the loop do not count)."""
+        attempt = self._connect_deadline()
+        async with attempt:
+            return await self._within(
+                session.post(
+                    self.config.url(path), data=data, headers=headers, trace_request_ctx=attempt
+                ),
+                deadline,
+                idle,
+            )
 
     @contextlib.asynccontextmanager
     async def _generation(self, request: GenerateRequest) -> AsyncIterator[_Call]:
@@ -319,7 +356,7 @@ class SGLangEngine:
                 return await awaitable
         except TimeoutError:
             if not scope.expired():
-                raise  # aiohttp's own (connect) timeout
+                raise  # not one of ours: the caller maps it
             raise _Expired(
                 f"no data for {idle}s (stream idle timeout)"
                 if idle_binds
@@ -363,12 +400,19 @@ class SGLangEngine:
         await asyncio.shield(task)
 
     async def _send_abort(self, session: aiohttp.ClientSession, rid: str) -> None:
+        attempt = self._connect_deadline()
         try:
-            async with asyncio.timeout(self.config.abort_timeout):
-                async with session.post(
-                    self.config.url("/abort_request"), data=_encode({"rid": rid}), headers=_JSON
-                ) as response:
-                    await response.read()
+            async with (
+                asyncio.timeout(self.config.abort_timeout),
+                attempt,
+                session.post(
+                    self.config.url("/abort_request"),
+                    data=_encode({"rid": rid}),
+                    headers=_JSON,
+                    trace_request_ctx=attempt,
+                ) as response,
+            ):
+                await response.read()
             if response.status != 200:
                 logger.warning("abort of %s answered HTTP %d", rid, response.status)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
