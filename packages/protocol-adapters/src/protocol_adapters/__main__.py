@@ -42,6 +42,25 @@ def _parser() -> argparse.ArgumentParser:
         default=512,
         help="pooled connections to the engine (one per concurrently generating session)",
     )
+    defaults = SGLangConfig("http://engine")
+    serve.add_argument(
+        "--engine-connect-timeout",
+        type=float,
+        default=defaults.connect_timeout,
+        help="seconds to open a connection to the engine (counted while the event loop runs)",
+    )
+    serve.add_argument(
+        "--engine-request-timeout",
+        type=float,
+        default=defaults.request_timeout,
+        help="seconds for a whole generation, from sending it to its last token",
+    )
+    serve.add_argument(
+        "--engine-stream-idle-timeout",
+        type=float,
+        default=defaults.stream_idle_timeout,
+        help="longest gap in seconds between two streamed chunks of a generation",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8400)
     vocab = serve.add_mutually_exclusive_group(required=True)
@@ -72,12 +91,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    vocabulary = (
-        Vocabulary.from_file(args.tokenizer_json)
-        if args.tokenizer_json
-        else load_qwen3_vocabulary(QwenTokenizerConfig(args.qwen3_cache))
+def engine_config(args: argparse.Namespace) -> SGLangConfig:
+    """The SGLang client's configuration from the ``serve`` flags."""
+    return SGLangConfig(
+        base_url=args.engine_url,
+        connect_timeout=args.engine_connect_timeout,
+        request_timeout=args.engine_request_timeout,
+        stream_idle_timeout=args.engine_stream_idle_timeout,
+        max_connections=args.engine_max_connections,
     )
+
+
+def _vocabulary(args: argparse.Namespace) -> Vocabulary:
+    if args.tokenizer_json:
+        return Vocabulary.from_file(args.tokenizer_json)
+    return load_qwen3_vocabulary(QwenTokenizerConfig(args.qwen3_cache))
+
+
+async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
+    vocabulary = await asyncio.to_thread(_vocabulary, args)
     template = (
         ChatTemplate(args.template_file.stem, args.template_file.read_text())
         if args.template_file
@@ -104,9 +136,7 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with (
-        SGLangEngine(
-            SGLangConfig(base_url=args.engine_url, max_connections=args.engine_max_connections)
-        ) as engine,
+        SGLangEngine(sglang) as engine,
         AdapterServer(config, engine, renderer, vocabulary, parsers) as server,
     ):
         admin_note = (
@@ -124,10 +154,15 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        sglang = engine_config(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        asyncio.run(_serve(args))
+        asyncio.run(_serve(args, sglang))
     except (ContextTooLarge, AdapterError) as exc:
         print(f"protocol-adapters: {exc}", file=sys.stderr)
         return 1
