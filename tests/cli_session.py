@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Generic, TypeVar
 
-from harness import AgentEndpoint, EventStats, Harness, InstalledCli
-from harness.events import summarize_lines
+from harness import AgentEndpoint, EventStats, Harness, InstalledCli, summarize_lines
 from protocol_adapters.rendering.renderer import RendererConfig
 from protocol_adapters.server.config import AdapterConfig
 from protocol_adapters.server.sessions import Session, SessionLimits

@@ -25,9 +25,14 @@ from protocol_adapters.server.sessions import SessionLimits
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import check_engine_tokens_trained
-from sandbox.git_diff import capture_diff
-from sandbox.local import LocalBackend, LocalConfig
-from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
+from sandbox import (
+    ForwardedEndpoint,
+    GitWorkspace,
+    LocalBackend,
+    LocalConfig,
+    SandboxSpec,
+    capture_diff,
+)
 from trajectory_tree import SessionTree, linearize
 
 # The engine double serves a 32768-token context; the adapter and the CLIs must agree with it.

@@ -37,8 +37,7 @@ from rich.table import Table
 
 from harness import AgentEndpoint, ClaudeCode, CliMount, Codex, Harness, InstallConfig
 from harness.testing import RecordingEndpoint
-from sandbox.local import LocalBackend, LocalConfig
-from sandbox.spec import ForwardedEndpoint, SandboxSpec
+from sandbox import ForwardedEndpoint, LocalBackend, LocalConfig, SandboxSpec
 
 TOKEN = "sess-bench"
 POLICY = "policy-bench"

@@ -68,12 +68,12 @@ from slime_backend import (  # noqa: E402
     BackendSettings,
     Budgets,
     EpisodeSettings,
+    WorkerSettings,
 )
+from slime_backend._rollout_args import RolloutArgs  # noqa: E402
+from slime_backend._runtime import AdapterRuntime, RuntimeSetup  # noqa: E402
+from slime_backend._sampling import rollout_sampling  # noqa: E402
 from slime_backend.generate import make_generate  # noqa: E402
-from slime_backend.rollout_args import RolloutArgs  # noqa: E402
-from slime_backend.runtime import AdapterRuntime, RuntimeSetup  # noqa: E402
-from slime_backend.sampling import rollout_sampling  # noqa: E402
-from slime_backend.settings import WorkerSettings  # noqa: E402
 from slime_backend.testing import (  # noqa: E402
     StandInSample,
     slime_args,

@@ -17,7 +17,7 @@ from protocol_adapters.testing.stack import local_stack
 from protocol_adapters.testing.trust import check_engine_tokens_trained
 from protocol_adapters.tokenizer import Vocabulary
 from sandbox import LocalBackend, LocalConfig
-from slime_backend.episode import AdapterSession, Budgets, EpisodeStatus
+from slime_backend import AdapterSession, Budgets, EpisodeStatus
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.episode import EpisodeConfig, SweEpisode

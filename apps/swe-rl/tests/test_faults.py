@@ -22,8 +22,7 @@ from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.tokenizer import Vocabulary
 from sandbox import LocalBackend, LocalConfig
-from slime_backend.episode import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus
-from slime_backend.slime_api import NAMESPACE
+from slime_backend import NAMESPACE, AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus
 from slime_backend.testing import StandInSample
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks

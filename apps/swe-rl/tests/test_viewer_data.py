@@ -18,9 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol_adapters.tokenizer import Vocabulary
-from slime_backend.conversion import ConversionOptions
-from slime_backend.episode import EpisodeStatus
-from slime_backend.gates import EpisodeHealth, GateConfig, evaluate_gates
+from slime_backend import (
+    ConversionOptions,
+    EpisodeHealth,
+    EpisodeStatus,
+    GateConfig,
+    evaluate_gates,
+)
 from swe_rl.viewer import RunDirError, write_viewer
 from swe_rl.viewer.branches import layout
 from swe_rl.viewer.embed import script_json

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from harness import CLAUDE_CODE_CLI, CODEX_CLI, CliMount, InstallConfig, InstalledCli, install_cli
-from sandbox.local import LocalBackend, LocalConfig
+from sandbox import LocalBackend, LocalConfig
 
 NPM_CACHE = Path.home() / ".cache" / "agent-rl" / "npm"
 

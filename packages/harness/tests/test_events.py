@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import ClaudeCode, ClaudeCodeTally, Codex, CodexTally, EventStats
-from harness.events import summarize_lines
+from harness import ClaudeCode, ClaudeCodeTally, Codex, CodexTally, EventStats, summarize_lines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -18,12 +18,12 @@ from harness import (
     CODEX_CLI,
     InstallConfig,
     InstalledCli,
+    InstallError,
     NpmCli,
     install_cli,
     install_once,
 )
-from harness.errors import InstallError
-from harness.install import MARKER_NAME, read_install
+from harness._install import MARKER_NAME, read_install
 
 from .conftest import require_npm
 

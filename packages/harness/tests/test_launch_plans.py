@@ -12,11 +12,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import AgentEndpoint, ClaudeCode, Codex, InstalledCli, Launch, LaunchError
-from harness.claude_code import CLAUDE_CODE_CLI, MIN_AUTO_COMPACT_WINDOW
-from harness.codex import CODEX_CLI
-from harness.launch import MAX_ARGUMENT_BYTES
-from harness.mount import DEFAULT_MOUNT_ROOT, CliMount
+from harness import (
+    CODEX_CLI,
+    DEFAULT_MOUNT_ROOT,
+    AgentEndpoint,
+    ClaudeCode,
+    CliMount,
+    Codex,
+    InstalledCli,
+    Launch,
+    LaunchError,
+)
+from harness._claude_code import CLAUDE_CODE_CLI, MIN_AUTO_COMPACT_WINDOW
+from harness._launch import MAX_ARGUMENT_BYTES
 
 ENDPOINT = AgentEndpoint(
     base_url="http://127.0.0.1:8123", token="sess-abc123", model="policy-7b", context_window=32768

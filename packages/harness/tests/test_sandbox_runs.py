@@ -11,13 +11,26 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from harness import AgentEndpoint, AgentRun, ClaudeCode, CliMount, Codex, Harness, InstalledCli
-from harness.errors import LaunchError
+from harness import (
+    AgentEndpoint,
+    AgentRun,
+    ClaudeCode,
+    CliMount,
+    Codex,
+    Harness,
+    InstalledCli,
+    LaunchError,
+)
 from harness.testing import RecordingEndpoint
-from sandbox.local import LocalBackend, LocalConfig
-from sandbox.protocol import Sandbox
-from sandbox.result import KILLED_EXIT_CODE
-from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
+from sandbox import (
+    KILLED_EXIT_CODE,
+    ForwardedEndpoint,
+    GitWorkspace,
+    LocalBackend,
+    LocalConfig,
+    Sandbox,
+    SandboxSpec,
+)
 
 from .conftest import mount_for, processes_running_from, wait_until_gone
 

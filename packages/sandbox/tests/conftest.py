@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.local import LocalBackend, LocalConfig, LocalSandbox
-from sandbox.spec import SandboxSpec
+from sandbox import LocalBackend, LocalConfig, LocalSandbox, SandboxSpec
 
 #: A cgroup subtree delegated to the (non-root) user running the tests, if any.
 CGROUP_PARENT = os.environ.get("SANDBOX_TEST_CGROUP_PARENT") or None

@@ -53,8 +53,7 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
 
-from sandbox.e2b_backend import E2BConfig
-from sandbox.retry import RetryPolicy
+from sandbox import E2BConfig, RetryPolicy
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.e2b_backend import E2BBackend, E2BConfig, E2BSandbox, exit_code_from_envd
-from sandbox.errors import SandboxBootError, SandboxFileNotFoundError, UnsupportedSpecError
-from sandbox.spec import (
+from sandbox import (
     DirectoryWorkspace,
     ForwardedEndpoint,
     GitWorkspace,
     ResourceLimits,
+    SandboxBootError,
+    SandboxFileNotFoundError,
     SandboxSpec,
+    UnsupportedSpecError,
 )
+from sandbox._e2b_backend import E2BBackend, E2BConfig, E2BSandbox, exit_code_from_envd
 
 from .e2b_fake import FakeState, backend_config, serve_fake_e2b
 from .host_processes import host_pids_with, unique_sleep, wait_for_process

@@ -23,9 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.e2b_backend import E2BBackend, E2BConfig, E2BSandbox
-from sandbox.errors import SandboxFileNotFoundError
-from sandbox.spec import ForwardedEndpoint, SandboxSpec
+from sandbox import (
+    E2BBackend,
+    E2BConfig,
+    E2BSandbox,
+    ForwardedEndpoint,
+    SandboxFileNotFoundError,
+    SandboxSpec,
+)
 
 from .e2b_fake import FakeState, backend_config, serve_fake_e2b
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process

@@ -21,10 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import (
+    ForwardedEndpoint,
+    GitWorkspace,
+    LocalBackend,
+    LocalSandbox,
+    Sandbox,
+    SandboxSpec,
+)
 from sandbox._seccomp import DENYLIST
-from sandbox.local import LocalBackend, LocalSandbox
-from sandbox.protocol import Sandbox
-from sandbox.spec import ForwardedEndpoint, GitWorkspace, SandboxSpec
 
 from .conftest import git
 from .host_processes import host_uid_of, unique_sleep, until_no_process, wait_for_process

@@ -15,8 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox.local import LocalBackend
-from sandbox.spec import ForwardedEndpoint, SandboxSpec
+from sandbox import ForwardedEndpoint, LocalBackend, SandboxSpec
 
 SLOW_CALLBACK = 0.05
 GROSS_STALL = 0.5
@@ -35,8 +34,7 @@ async def one_episode(backend: LocalBackend, port: int, index: int) -> None:
         await box.write_file("task.txt", f"task {index}\n" * 1000)
         assert (await box.exec("wc -l < task.txt")).stdout == "1000\n"
         talk = (
-            "exec 3<>/dev/tcp/127.0.0.1/9000; "
-            "for i in $(seq 50); do echo $i >&3; read r <&3; done"
+            "exec 3<>/dev/tcp/127.0.0.1/9000; for i in $(seq 50); do echo $i >&3; read r <&3; done"
         )
         assert (await box.exec(talk, timeout=30)).ok
         agent = await box.start("for i in $(seq 200); do echo line $i; done; sleep 0.2")
@@ -59,7 +57,7 @@ def timed_callbacks() -> Iterator[list[tuple[float, float, str]]]:
             if elapsed > SLOW_CALLBACK:
                 slow.append((elapsed, time.thread_time() - cpu, repr(handle)[:300]))
 
-    asyncio.events.Handle._run = run  # type: ignore[method-assign]
+    asyncio.events.Handle._run = run  # type: ignore[method-assign, assignment]
     try:
         yield slow
     finally:

@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.errors import SandboxCommandError
-from sandbox.git_diff import UnsafePatchError, apply_diff, capture_diff, check_patch_paths
-from sandbox.local import LocalBackend
-from sandbox.spec import GitWorkspace, SandboxSpec
+from sandbox import GitWorkspace, LocalBackend, SandboxCommandError, SandboxSpec
+from sandbox._git_diff import UnsafePatchError, apply_diff, capture_diff, check_patch_paths
 
 # A listing of the tree (path, mode, content hash) outside .git and junk, taken inside.
 TREE_LISTING = (

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.local import LocalBackend
-from sandbox.protocol import Sandbox
-from sandbox.spec import ForwardedEndpoint, SandboxSpec
+from sandbox import ForwardedEndpoint, LocalBackend, Sandbox, SandboxSpec
 
 from .host_processes import unique_sleep, wait_for_process
 

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.local import LocalBackend
-from sandbox.result import ExecResult
-from sandbox.spec import ResourceLimits, SandboxSpec
+from sandbox import ExecResult, LocalBackend, ResourceLimits, SandboxSpec
 
 from .conftest import local_config
 

@@ -11,16 +11,21 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from sandbox.errors import (
+from sandbox import (
+    CheckoutError,
+    DirectoryWorkspace,
+    GitWorkspace,
+    LocalBackend,
+    LocalConfig,
+    LocalSandbox,
+    ReadOnlyBind,
     SandboxClosedError,
     SandboxCommandError,
     SandboxFileNotFoundError,
+    SandboxSpec,
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox.local import LocalBackend, LocalConfig, LocalSandbox
-from sandbox.spec import DirectoryWorkspace, GitWorkspace, ReadOnlyBind, SandboxSpec
-from sandbox.workspace import CheckoutError
 
 from .conftest import git, local_config
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process
@@ -244,7 +249,7 @@ async def test_unsandboxed_mode_is_loud_and_still_kills_what_it_started(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = LocalBackend(LocalConfig(isolation="none", state_root=tmp_path))
-    with caplog.at_level(logging.WARNING, logger="sandbox.local"):
+    with caplog.at_level(logging.WARNING, logger="sandbox._local"):
         box = await backend.create(SandboxSpec())
     assert not box.isolated
     assert any("never use it for model-written code" in r.message for r in caplog.records)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.local import LocalSandbox
-from sandbox.workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
+from sandbox import CheckoutError, LocalSandbox, SetupFailedError, checkout_repo, run_setup
 
 from .conftest import git
 

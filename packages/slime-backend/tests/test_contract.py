@@ -14,9 +14,8 @@ from typing import Any, get_args
 import pytest
 
 from slime_backend import SlimeNotInstalled, sample_class
-from slime_backend.grpo import EPSILON, MEAN_ESTIMATORS, STD_ESTIMATORS
-from slime_backend.launcher import GATE_HOOK, REWARD_HOOK
-from slime_backend.launcher.config import AdvantageEstimator
+from slime_backend._grpo import EPSILON, MEAN_ESTIMATORS, STD_ESTIMATORS
+from slime_backend.launcher import GATE_HOOK, REWARD_HOOK, AdvantageEstimator
 from slime_backend.testing import StandInSample
 
 CONTRACT = json.loads(

@@ -29,10 +29,10 @@ from slime_backend import (
     EpisodeOutcome,
     EpisodeStatus,
     episode_samples,
+    from_mapping,
 )
-from slime_backend.conversion import PLACEHOLDER_TOKENS
+from slime_backend._conversion import PLACEHOLDER_TOKENS
 from slime_backend.testing import StandInSample
-from slime_backend.typed_config import from_mapping
 from trajectory_tree import (
     FinishReason,
     LengthMode,

@@ -12,7 +12,7 @@ from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
 from protocol_adapters.tokenizer import Vocabulary
 from protocol_adapters.types import AdapterError, ErrorKind
-from slime_backend.engine_tap import EngineTap
+from slime_backend._engine_tap import EngineTap
 
 REPLIES = {"ok": ScriptedReply(text="fine"), "abort": ScriptedReply(text="cut", finish="abort")}
 NEXT: dict[str, str] = {}

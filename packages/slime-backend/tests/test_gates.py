@@ -23,10 +23,10 @@ from slime_backend import (
     SilentFailureAlarm,
     episode_samples,
     evaluate_gates,
+    from_mapping,
 )
 from slime_backend.gate_hook import check_rollout_batch
 from slime_backend.testing import StandInSample
-from slime_backend.typed_config import from_mapping
 
 
 def health(

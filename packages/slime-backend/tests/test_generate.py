@@ -32,14 +32,20 @@ from rollout_kit import (
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
 from protocol_adapters.tokenizer import Vocabulary
-from slime_backend import AgentSettings, BackendSettings, ConfigError, EpisodeSettings
-from slime_backend.conversion import ConversionOptions
+from slime_backend import (
+    AdapterSettings,
+    AgentSettings,
+    BackendSettings,
+    ConfigError,
+    ConversionOptions,
+    EpisodeSettings,
+    StaleAction,
+    StalenessPolicy,
+)
+from slime_backend._rollout_args import ARGS_READ
 from slime_backend.gate_hook import check_rollout_batch
 from slime_backend.generate import SlimeGenerate, make_generate
 from slime_backend.reward_hook import post_process_rewards
-from slime_backend.rollout_args import ARGS_READ
-from slime_backend.settings import AdapterSettings
-from slime_backend.staleness import StaleAction, StalenessPolicy
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
 
 CONTRACT_FLAGS = Path(__file__).resolve().parent / "data" / "slime_contract.json"

@@ -3,7 +3,8 @@
 The cluster is Ray's own ``ray.cluster_utils.Cluster``: a head and more nodes, each its own
 raylet with its own resources; the generate function runs in this process (slime's rollout
 process in production) and sends real episodes (the scripted agent on the anthropic SDK) to one
-worker per node, whose adapter talks to the engine double here. Needs ``agent-rl-slime-backend[ray]``.
+worker per node, whose adapter talks to the engine double here. Needs
+``agent-rl-slime-backend[ray]``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ from rollout_kit import (
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.stack import VocabularyTokenizer
 from protocol_adapters.tokenizer import Vocabulary
-from slime_backend import AgentSettings, BackendSettings, EpisodeSettings
+from slime_backend import (
+    AdapterSettings,
+    AgentSettings,
+    BackendSettings,
+    EpisodeSettings,
+    WorkerSettings,
+)
 from slime_backend.generate import SlimeGenerate, make_generate
-from slime_backend.settings import AdapterSettings, WorkerSettings
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
 
 try:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_backend import ConversionOptions, EpisodeOutcome, episode_samples
-from slime_backend.grpo import EPSILON, EpisodeReward, Normalization, normalized_rewards
+from slime_backend._grpo import EPSILON, EpisodeReward, Normalization, normalized_rewards
 from slime_backend.reward_hook import post_process_rewards
 from slime_backend.testing import StandInSample
 

@@ -17,7 +17,7 @@ from episode_kit import slime_loads_custom_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime_backend import BackendSettings, ConfigError
+from slime_backend import BackendSettings, ConfigError, from_mapping
 from slime_backend.launcher import (
     GATE_HOOK,
     REWARD_HOOK,
@@ -26,7 +26,6 @@ from slime_backend.launcher import (
     survives_ray_entrypoint,
     train_args,
 )
-from slime_backend.typed_config import from_mapping
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-run.toml"
 CONTRACT = json.loads(

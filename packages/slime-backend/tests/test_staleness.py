@@ -7,10 +7,15 @@ from collections.abc import Sequence
 import pytest
 from episode_kit import Recorder, base_sample, fan_out, logprobs_of, mask_of, system, tool, user
 
-from slime_backend import ConfigError, ConversionOptions, EpisodeOutcome, episode_samples
-from slime_backend.staleness import StaleAction, StalenessPolicy, weight_report
+from slime_backend import (
+    ConfigError,
+    ConversionOptions,
+    EpisodeOutcome,
+    episode_samples,
+    from_mapping,
+)
+from slime_backend._staleness import StaleAction, StalenessPolicy, weight_report
 from slime_backend.testing import StandInSample
-from slime_backend.typed_config import from_mapping
 
 
 def episode(versions: Sequence[str | None]) -> Recorder:

@@ -8,8 +8,16 @@ from typing import Literal
 
 import pytest
 
-from slime_backend import AdapterSession, Budgets, ConfigError, EpisodeOutcome, EpisodeStatus
-from slime_backend.typed_config import FieldError, from_mapping, to_mapping
+from slime_backend import (
+    AdapterSession,
+    Budgets,
+    ConfigError,
+    EpisodeOutcome,
+    EpisodeStatus,
+    FieldError,
+    from_mapping,
+    to_mapping,
+)
 from trajectory_tree import LengthMode
 
 

@@ -265,8 +265,8 @@ def _read_rows(path: Path) -> list[dict[str, object]]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from slime_backend import ConfigError
     from slime_backend.launcher import SlimeRunner
-    from slime_backend.typed_config import ConfigError
 
     try:
         runner = SlimeRunner.from_toml(args.config)

@@ -26,8 +26,15 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from harness import AgentEndpoint, AgentRun, CliMount, Harness, InstallConfig, InstalledCli
-from harness.errors import HarnessError
+from harness import (
+    AgentEndpoint,
+    AgentRun,
+    CliMount,
+    Harness,
+    HarnessError,
+    InstallConfig,
+    InstalledCli,
+)
 from sandbox import (
     ForwardedEndpoint,
     GitWorkspace,
@@ -42,13 +49,7 @@ from sandbox import (
     capture_diff,
     run_setup,
 )
-from slime_backend.episode import (
-    AdapterSession,
-    Budgets,
-    EpisodeOutcome,
-    EpisodeStatus,
-    JsonValue,
-)
+from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus, JsonValue
 from swe_rl.grading import GradeResult, GradingError, GradingLog, grade
 from swe_rl.sources import RepoSources, SourceError
 from swe_rl.task import SweTask, TaskError, parse_task

@@ -24,9 +24,8 @@ from typing import Any
 
 from harness import InstallConfig
 from sandbox import E2BBackend, E2BConfig, LocalBackend, LocalConfig, SandboxBackend
-from slime_backend.episode import AdapterSession, Budgets, EpisodeOutcome, JsonValue
+from slime_backend import AdapterSession, BackendSettings, Budgets, EpisodeOutcome, JsonValue
 from slime_backend.generate import make_generate
-from slime_backend.settings import BackendSettings
 from swe_rl.agents import harness_for
 from swe_rl.episode import EpisodeConfig, SweEpisode
 from trajectory_tree import SessionTree

@@ -17,16 +17,16 @@ from rich.console import Console
 
 from protocol_adapters.engine import SGLangConfig, SGLangEngine
 from protocol_adapters.tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from slime_backend.generate import make_generate
-from slime_backend.settings import (
+from slime_backend import (
     AgentSettings,
     BackendSettings,
     EpisodeSettings,
     SandboxSettings,
     WorkerSettings,
+    to_mapping,
 )
+from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
-from slime_backend.typed_config import to_mapping
 from swe_rl.errors import UsageError
 from swe_rl.rollout import ConfiguredEpisode
 from swe_rl.run import GenerateSource, Run, plan

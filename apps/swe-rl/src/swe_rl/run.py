@@ -28,10 +28,17 @@ from typing import Any, Protocol
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from slime_backend.episode import EpisodeStatus
-from slime_backend.gates import EpisodeHealth, GateConfig, GateReport, evaluate_gates
-from slime_backend.grpo import EpisodeReward, Normalization, normalized_rewards
-from slime_backend.slime_api import NAMESPACE
+from slime_backend import (
+    NAMESPACE,
+    EpisodeHealth,
+    EpisodeReward,
+    EpisodeStatus,
+    GateConfig,
+    GateReport,
+    Normalization,
+    evaluate_gates,
+    normalized_rewards,
+)
 from slime_backend.testing import StandInSample
 from swe_rl.task_file import TaskRow
 

@@ -10,8 +10,7 @@ import json
 from pathlib import Path
 
 from protocol_adapters.tokenizer.checkpoint import CheckpointError, load_checkpoint
-from slime_backend.conversion import ConversionOptions
-from slime_backend.typed_config import ConfigError, from_mapping
+from slime_backend import ConfigError, ConversionOptions, from_mapping
 from swe_rl.errors import UsageError
 from swe_rl.viewer import RunDirError, write_viewer
 

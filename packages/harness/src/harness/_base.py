@@ -15,15 +15,14 @@ from abc import ABC, abstractmethod
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
-from harness.config import AgentEndpoint, InstallConfig, NpmCli
-from harness.errors import LaunchError
-from harness.events import EventStats, EventTally, summarize_file
-from harness.install import InstalledCli, install_cli
-from harness.launch import Launch
-from harness.mount import CliMount
-from harness.run import AgentRun, run_launch
-from sandbox.errors import SandboxError
-from sandbox.protocol import Sandbox
+from harness._config import AgentEndpoint, InstallConfig, NpmCli
+from harness._errors import LaunchError
+from harness._events import EventStats, EventTally, summarize_file
+from harness._install import InstalledCli, install_cli
+from harness._launch import Launch
+from harness._mount import CliMount
+from harness._run import AgentRun, run_launch
+from sandbox import Sandbox, SandboxError
 
 #: Where per-run state (a fresh HOME, config files) is created inside the sandbox. Not under
 #: /tmp: Codex refuses to set up its helper binaries under the temporary directory.

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from harness.base import NpmHarness
-from harness.config import AgentEndpoint, NpmCli
-from harness.events import EventTally, as_dict, as_list, as_str
-from harness.launch import Launch
+from harness._base import NpmHarness
+from harness._config import AgentEndpoint, NpmCli
+from harness._events import EventTally, as_dict, as_list, as_str
+from harness._launch import Launch
 
 CLAUDE_CODE_CLI = NpmCli("@anthropic-ai/claude-code", "2.1.330", bin="claude")
 

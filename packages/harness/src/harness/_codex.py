@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from harness.base import NpmHarness
-from harness.config import AgentEndpoint, NpmCli
-from harness.events import EventTally, as_dict, as_str
-from harness.launch import Launch
+from harness._base import NpmHarness
+from harness._config import AgentEndpoint, NpmCli
+from harness._events import EventTally, as_dict, as_str
+from harness._launch import Launch
 
 CODEX_CLI = NpmCli("@openai/codex", "0.169.0", bin="codex")
 

@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness._config import InstallConfig, NpmCli
+from harness._errors import InstallError
 from harness._lock import file_lock
-from harness.config import InstallConfig, NpmCli
-from harness.errors import InstallError
 
 MARKER_NAME = ".agent-rl-install.json"
 _OUTPUT_TAIL = 4000

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from harness.errors import LaunchError
-from sandbox.spec import validate_env
+from harness._errors import LaunchError
+from sandbox import validate_env
 
 #: Linux's limit on one argv string (MAX_ARG_STRLEN); the task travels as one argument.
 MAX_ARGUMENT_BYTES = 128 * 1024

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from harness.errors import InstallLockTimeoutError
+from harness._errors import InstallLockTimeoutError
 
 _POLL_SECONDS = 0.1
 

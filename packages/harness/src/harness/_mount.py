@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from harness.install import InstalledCli
-from sandbox.spec import ReadOnlyBind
+from harness._install import InstalledCli
+from sandbox import ReadOnlyBind
 
 #: Default parent directory of CLI mounts inside a sandbox.
 DEFAULT_MOUNT_ROOT = PurePosixPath("/opt/agent-rl/cli")

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.events import EventStats, EventTally, summarize_file
-from harness.launch import Launch
-from sandbox.protocol import Sandbox
+from harness._events import EventStats, EventTally, summarize_file
+from harness._launch import Launch
+from sandbox import Sandbox
 
 EVENTS_FILE = "events.jsonl"
 STDERR_FILE = "stderr.log"

@@ -1,10 +1,13 @@
-"""Async sandboxes for agent episodes: local bubblewrap by default, E2B for scale."""
+"""Async sandboxes for agent episodes: local bubblewrap by default, E2B for scale.
 
-from importlib.metadata import version as _distribution_version
+The public API is what this module exports; every module behind it is internal (its name starts
+with ``_``) and may change in any release.
+"""
 
-from sandbox._uids import UidRange
-from sandbox.e2b_backend import E2BBackend, E2BConfig
-from sandbox.errors import (
+from typing import TYPE_CHECKING
+
+from sandbox._e2b_backend import E2BBackend, E2BConfig, E2BSandbox
+from sandbox._errors import (
     SandboxBootError,
     SandboxClosedError,
     SandboxCommandError,
@@ -13,12 +16,12 @@ from sandbox.errors import (
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox.git_diff import CapturedDiff, UnsafePatchError, apply_diff, capture_diff
-from sandbox.local import Enforcement, LocalBackend, LocalConfig, LocalSandbox
-from sandbox.protocol import Process, Sandbox, SandboxBackend
-from sandbox.result import ExecResult
-from sandbox.retry import RetryPolicy
-from sandbox.spec import (
+from sandbox._git_diff import CapturedDiff, UnsafePatchError, apply_diff, capture_diff
+from sandbox._local import Enforcement, LocalBackend, LocalConfig, LocalSandbox
+from sandbox._protocol import Process, Sandbox, SandboxBackend
+from sandbox._result import KILLED_EXIT_CODE, ExecResult
+from sandbox._retry import RetryPolicy
+from sandbox._spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
     ForwardedEndpoint,
@@ -26,17 +29,19 @@ from sandbox.spec import (
     ReadOnlyBind,
     ResourceLimits,
     SandboxSpec,
+    validate_env,
 )
-from sandbox.workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
-
-__version__ = _distribution_version("agent-rl-sandbox")  # pyproject.toml is the one source
+from sandbox._uids import UidRange
+from sandbox._workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
 
 __all__ = [
+    "KILLED_EXIT_CODE",
     "CapturedDiff",
     "CheckoutError",
     "DirectoryWorkspace",
     "E2BBackend",
     "E2BConfig",
+    "E2BSandbox",
     "EmptyWorkspace",
     "Enforcement",
     "ExecResult",
@@ -66,4 +71,19 @@ __all__ = [
     "capture_diff",
     "checkout_repo",
     "run_setup",
+    "validate_env",
 ]
+
+
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        # The version comes from the installed metadata (pyproject.toml is its one source), read
+        # on first use: importing importlib.metadata costs more than importing this package.
+        if name == "__version__":
+            from importlib.metadata import version
+
+            return version("agent-rl-sandbox")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

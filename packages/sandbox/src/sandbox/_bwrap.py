@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from sandbox.spec import ResourceLimits
+from sandbox._spec import ResourceLimits
 
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_HOME = "/root"

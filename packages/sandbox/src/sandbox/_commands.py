@@ -22,13 +22,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
 
-from sandbox.errors import (
+from sandbox._errors import (
     SandboxClosedError,
     SandboxCommandError,
     SandboxFileNotFoundError,
 )
-from sandbox.result import ExecResult, exit_code_from_returncode, limit_of_returncode
-from sandbox.spec import validate_env
+from sandbox._result import ExecResult, exit_code_from_returncode, limit_of_returncode
+from sandbox._spec import validate_env
 
 # Exit codes of the file helper scripts (chosen outside the range coreutils use).
 _EXIT_MISSING = 44
@@ -91,7 +91,7 @@ class _IoFiles:
 
 
 class CommandSandbox(ABC):
-    """Sandbox operations on top of `_launch`; see sandbox.protocol.Sandbox for the contract."""
+    """Sandbox operations on top of `_launch`; see sandbox.Sandbox for the contract."""
 
     def __init__(
         self,

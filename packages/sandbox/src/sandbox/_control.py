@@ -17,8 +17,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sandbox._errors import SandboxBootError, SandboxCommandError, SandboxError
 from sandbox._init import ANCILLARY_SPACE, MAX_DATAGRAM, received_fds
-from sandbox.errors import SandboxBootError, SandboxCommandError, SandboxError
 
 _Reply = tuple[dict[str, object], list[int]]
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
-from sandbox.errors import (
+from sandbox._errors import (
     SandboxBootError,
     SandboxClosedError,
     SandboxCommandError,
@@ -50,9 +50,9 @@ from sandbox.errors import (
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox.result import KILLED_EXIT_CODE, ExecResult
-from sandbox.retry import RetryPolicy
-from sandbox.spec import (
+from sandbox._result import KILLED_EXIT_CODE, ExecResult
+from sandbox._retry import RetryPolicy
+from sandbox._spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
     ForwardedEndpoint,

@@ -19,8 +19,8 @@ import shlex
 import uuid
 from dataclasses import dataclass
 
-from sandbox.errors import SandboxCommandError, SandboxError
-from sandbox.protocol import Sandbox
+from sandbox._errors import SandboxCommandError, SandboxError
+from sandbox._protocol import Sandbox
 
 #: Paths never part of an agent's change, whatever .gitignore says.
 DEFAULT_JUNK: tuple[str, ...] = (

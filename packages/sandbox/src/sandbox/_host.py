@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sandbox._commands import CommandSandbox, Launched
-from sandbox.spec import ResourceLimits
+from sandbox._spec import ResourceLimits
 
 _RLIMIT_OPTIONS = (
     ("max_open_files", "--nofile", resource.RLIMIT_NOFILE),

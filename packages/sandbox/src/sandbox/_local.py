@@ -44,23 +44,23 @@ from sandbox._bwrap import (
 from sandbox._cgroups import CONTROLLERS, CgroupLimits, CgroupSupport, Counters, SandboxCgroup
 from sandbox._commands import CommandSandbox, Launched, remove_tree
 from sandbox._control import InitChannel
-from sandbox._forward import HostRelay
-from sandbox._host import HostSandbox
-from sandbox._seccomp import compile_filter
-from sandbox._stage import stage_dir, staged_launch
-from sandbox._uids import UidLease, UidRange, lease_uid
-from sandbox.errors import (
+from sandbox._errors import (
     SandboxBootError,
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox.spec import (
+from sandbox._forward import HostRelay
+from sandbox._host import HostSandbox
+from sandbox._seccomp import compile_filter
+from sandbox._spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
     GitWorkspace,
     SandboxSpec,
 )
-from sandbox.workspace import CheckoutError, checkout_repo, git_common_dir, resolve_commit
+from sandbox._stage import stage_dir, staged_launch
+from sandbox._uids import UidLease, UidRange, lease_uid
+from sandbox._workspace import CheckoutError, checkout_repo, git_common_dir, resolve_commit
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

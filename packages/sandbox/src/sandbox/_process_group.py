@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from sandbox.result import ExecResult, exit_code_from_returncode
+from sandbox._result import ExecResult, exit_code_from_returncode
 
 
 async def spawn(

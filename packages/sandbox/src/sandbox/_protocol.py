@@ -12,8 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from sandbox.result import ExecResult
-from sandbox.spec import SandboxSpec
+from sandbox._result import ExecResult
+from sandbox._spec import SandboxSpec
 
 
 @runtime_checkable

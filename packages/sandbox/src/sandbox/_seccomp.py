@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 
-from sandbox.errors import SandboxUnavailableError
+from sandbox._errors import SandboxUnavailableError
 
 # libseccomp's action encodings (seccomp.h).
 _ACT_ALLOW = 0x7FFF0000

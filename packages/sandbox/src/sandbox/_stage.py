@@ -18,7 +18,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandbox.errors import SandboxUnavailableError
+from sandbox._errors import SandboxUnavailableError
 
 # Positional parameters only: no path is ever parsed as shell.
 _STAGE_SCRIPT = r"""set -e

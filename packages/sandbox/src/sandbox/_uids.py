@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import SandboxUnavailableError
+from sandbox._errors import SandboxUnavailableError
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import SandboxError
-from sandbox.protocol import Sandbox
-from sandbox.result import ExecResult
+from sandbox._errors import SandboxError
+from sandbox._protocol import Sandbox
+from sandbox._result import ExecResult
 
 # Host git must not pick up the caller's global or system config (hooks, templates, signing).
 _GIT_ENV = {

@@ -1,35 +1,45 @@
 """slime-backend: the connection between agent episodes and slime (Megatron + SGLang + Ray).
 
-- :mod:`~slime_backend.episode`: the typed contract with the app (task + adapter session +
-  budgets -> outcome).
-- :mod:`~slime_backend.generate`: ``make_generate(episode)``, the function slime calls per sample
+The public API is what this module exports (the episode contract with the app, the settings of a
+run, conversion of a session into slime samples, GRPO under fan-out, silent-failure gates, typed
+configuration) and five public submodules, each named because slime or a user loads it by path:
+
+- :mod:`slime_backend.generate`: ``make_generate(episode)``, the function slime calls per sample
   (``--custom-generate-function-path``); it starts the adapter in the rollout process, or sends
   episodes to Ray rollout workers. Imported on its own: it pulls in the adapters' server.
-- :mod:`~slime_backend.conversion`: a session tree and an outcome -> slime samples.
-- :mod:`~slime_backend.reward_hook`: GRPO baselines per episode under fan-out
+- :mod:`slime_backend.reward_hook`: GRPO baselines per episode under fan-out
   (``--custom-reward-post-process-path``).
-- :mod:`~slime_backend.gate_hook`: silent-failure gates per rollout batch
+- :mod:`slime_backend.gate_hook`: silent-failure gates per rollout batch
   (``--rollout-sample-filter-path``).
-- :mod:`~slime_backend.launcher`: ``SlimeRunner``, TOML -> the slime command and its Ray job.
+- :mod:`slime_backend.launcher`: ``SlimeRunner``, TOML -> the slime command and its Ray job.
+- :mod:`slime_backend.testing`: driving the generate function without slime (tests, demos).
 
-slime is never imported at import time; see :mod:`~slime_backend.slime_api`.
+Every module whose name starts with ``_`` is internal and may change in any release. slime is
+never imported at import time.
 """
 
-from importlib.metadata import version as _distribution_version
+from typing import TYPE_CHECKING
 
-from .conversion import ConversionError, ConversionOptions, episode_samples
-from .episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue
-from .gates import EpisodeHealth, GateConfig, GateReport, SilentFailureAlarm, evaluate_gates
-from .grpo import EpisodeReward, Normalization, normalized_rewards
-from .settings import AgentSettings, BackendSettings, EpisodeSettings, SandboxSettings
-from .slime_api import NAMESPACE, SlimeNotInstalled, SlimeSample, sample_class
-from .typed_config import ConfigError
-
-__version__ = _distribution_version("agent-rl-slime-backend")  # pyproject.toml is the one source
+from ._conversion import ConversionError, ConversionOptions, episode_samples
+from ._episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue
+from ._gates import EpisodeHealth, GateConfig, GateReport, SilentFailureAlarm, evaluate_gates
+from ._grpo import EpisodeReward, Normalization, normalized_rewards
+from ._settings import (
+    AdapterSettings,
+    AgentSettings,
+    BackendSettings,
+    EpisodeSettings,
+    SandboxSettings,
+    WorkerSettings,
+)
+from ._slime_api import NAMESPACE, SlimeNotInstalled, SlimeSample, sample_class
+from ._staleness import StaleAction, StalenessPolicy
+from ._typed_config import ConfigError, FieldError, from_mapping, to_mapping
 
 __all__ = [
     "NAMESPACE",
     "AdapterSession",
+    "AdapterSettings",
     "AgentSettings",
     "BackendSettings",
     "Budgets",
@@ -42,6 +52,7 @@ __all__ = [
     "EpisodeReward",
     "EpisodeSettings",
     "EpisodeStatus",
+    "FieldError",
     "GateConfig",
     "GateReport",
     "JsonValue",
@@ -50,8 +61,27 @@ __all__ = [
     "SilentFailureAlarm",
     "SlimeNotInstalled",
     "SlimeSample",
+    "StaleAction",
+    "StalenessPolicy",
+    "WorkerSettings",
     "episode_samples",
     "evaluate_gates",
+    "from_mapping",
     "normalized_rewards",
     "sample_class",
+    "to_mapping",
 ]
+
+
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        # The version comes from the installed metadata (pyproject.toml is its one source), read
+        # on first use: importing importlib.metadata costs more than importing this package.
+        if name == "__version__":
+            from importlib.metadata import version
+
+            return version("agent-rl-slime-backend")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from .typed_config import FieldError
+from ._typed_config import FieldError
 
 JsonValue = str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
 """Plain data: what may travel in sample metadata (slime pickles it and ``torch.save``s it)."""

@@ -8,7 +8,7 @@ Faults become an ``ABORTED`` outcome that says why:
 - the adapter could not start (the engine is unreachable);
 - the episode raised, returned something that is not an :class:`EpisodeOutcome`, or had no
   outcome ``wall_clock_s + grace_s`` seconds after it started (it is cancelled);
-- the engine failed the agent's last model call (:mod:`slime_backend.engine_tap`): the agent
+- the engine failed the agent's last model call (:mod:`slime_backend._engine_tap`): the agent
   ended without the model, so its reward grades the outage.
 
 The report travels from a Ray worker as plain data (:meth:`EpisodeReport.to_wire`): the tree as
@@ -27,8 +27,8 @@ from typing import Any
 from protocol_adapters.server.config import RolloutSampling
 from trajectory_tree import SessionTree, dumps, loads
 
-from .episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue
-from .runtime import AdapterRuntime, EngineUnavailable
+from ._episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue
+from ._runtime import AdapterRuntime, EngineUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .episode import EpisodeStatus, JsonValue
-from .typed_config import FieldError
+from ._episode import EpisodeStatus, JsonValue
+from ._typed_config import FieldError
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from trajectory_tree import Linearization, Sample, SessionSummary, SessionTree
 
-from .episode import EpisodeOutcome, JsonValue
-from .staleness import STALE_REASON
+from ._episode import EpisodeOutcome, JsonValue
+from ._staleness import STALE_REASON
 
 
 def episode_record(

@@ -3,7 +3,7 @@
 With local sandboxes the agents run on the CPUs of the node that runs them, so one node caps how
 many episodes can run at once. :class:`RayWorkerPool` starts one :class:`RolloutWorker` actor on
 every alive node (or every node holding ``workers.node_resource``), pinned there by node
-affinity. Each worker owns its node's adapter (:class:`~slime_backend.runtime.AdapterRuntime`)
+affinity. Each worker owns its node's adapter (:class:`~slime_backend._runtime.AdapterRuntime`)
 and runs the app's episode, so its sandboxes start on its node. The generate function sends each
 episode to the worker with the fewest episodes in flight and gets the report back as plain data
 (the tree as trajectory-tree JSON).
@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .episode import Episode
-from .episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_episode
-from .runtime import AdapterRuntime, RuntimeSetup
-from .settings import WorkerSettings
-from .typed_config import ConfigError
+from ._episode import Episode
+from ._episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_episode
+from ._runtime import AdapterRuntime, RuntimeSetup
+from ._settings import WorkerSettings
+from ._typed_config import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ slime hands every generate call its parsed namespace. The adapter needs five thi
 (docs/slime-contract.md, section 2): the router to send ``/generate`` to, the checkpoint whose
 tokenizer and chat template the policy was trained with, SGLang's parser names for the policy's
 output format, and the rollout's context length. A missing or unusable value is a
-:class:`~slime_backend.typed_config.ConfigError` naming ``args.<field>`` and the slime flag that
+:class:`~slime_backend.ConfigError` naming ``args.<field>`` and the slime flag that
 sets it: the run is misconfigured, no episode can be trusted, so it fails loudly and at once.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .typed_config import ConfigError, FieldError
+from ._typed_config import ConfigError, FieldError
 
 ARGS_READ = (
     "hf_checkpoint",

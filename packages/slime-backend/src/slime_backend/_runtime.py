@@ -6,15 +6,15 @@ slime calls the generate function once per sample, concurrently, on one event lo
 - the checkpoint's tokenizer and chat template (``args.hf_checkpoint``), loaded once, off the
   loop;
 - one SGLang client for slime's router (``args.sglang_router_ip/port``) behind an
-  :class:`~slime_backend.engine_tap.EngineTap`;
-- one adapter server per distinct rollout sampling (:mod:`slime_backend.sampling`): the rollout's
+  :class:`~slime_backend._engine_tap.EngineTap`;
+- one adapter server per distinct rollout sampling (:mod:`slime_backend._sampling`): the rollout's
   settings win over the client's, and they are the adapter's configuration. A training run has
   one; an evaluation dataset with its own temperature gets its own listener, sharing the rest.
 
 Everything starts lazily under a lock, so concurrent first calls start it once. A start that
 fails because the engine cannot be reached raises :class:`EngineUnavailable` (that episode is
 aborted, the next call tries again); a configuration the engine or checkpoint refuses raises
-:class:`~slime_backend.typed_config.ConfigError`. :meth:`AdapterRuntime.aclose` stops the
+:class:`~slime_backend.ConfigError`. :meth:`AdapterRuntime.aclose` stops the
 servers (aborting what is still generating) and the client; it also runs at interpreter exit
 when the loop is still alive in another thread, as slime's rollout loop is.
 """
@@ -37,10 +37,10 @@ from protocol_adapters.server.sessions import ContextTooLarge, SessionLimits
 from protocol_adapters.tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from protocol_adapters.types import AdapterError
 
-from .engine_tap import EngineTap
-from .rollout_args import RolloutArgs
-from .settings import BackendSettings
-from .typed_config import ConfigError
+from ._engine_tap import EngineTap
+from ._rollout_args import RolloutArgs
+from ._settings import BackendSettings
+from ._typed_config import ConfigError
 
 logger = logging.getLogger(__name__)
 

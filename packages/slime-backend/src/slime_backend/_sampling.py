@@ -23,7 +23,7 @@ from typing import Any
 
 from protocol_adapters.server.config import RolloutSampling
 
-from .typed_config import ConfigError
+from ._typed_config import ConfigError
 
 TEXT_ONLY = frozenset({"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"})
 

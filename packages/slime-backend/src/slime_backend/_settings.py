@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .conversion import ConversionOptions
-from .gates import GateConfig
-from .slime_api import NAMESPACE
-from .typed_config import FieldError, from_mapping, to_mapping
+from ._conversion import ConversionOptions
+from ._gates import GateConfig
+from ._slime_api import NAMESPACE
+from ._typed_config import FieldError, from_mapping, to_mapping
 
 _DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
@@ -35,7 +35,7 @@ class EpisodeSettings:
 
     ``generate`` is the dotted path slime loads with ``--custom-generate-function-path``: the
     app's module attribute made by :func:`slime_backend.generate.make_generate` from its
-    :class:`~slime_backend.episode.Episode`. ``wall_clock_s`` and ``max_turns`` are the agent's
+    :class:`~slime_backend.Episode`. ``wall_clock_s`` and ``max_turns`` are the agent's
     budgets; an episode that has not returned ``grace_s`` after its wall clock (grading and
     cleanup included) is cancelled and aborted.
     """

@@ -27,8 +27,8 @@ from enum import StrEnum
 
 from trajectory_tree import SessionTree
 
-from .episode import JsonValue
-from .typed_config import FieldError
+from ._episode import JsonValue
+from ._typed_config import FieldError
 
 SGLANG_INITIAL_VERSION = "default"
 """SGLang's ``weight_version`` before any update has named one."""

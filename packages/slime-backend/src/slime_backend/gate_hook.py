@@ -8,7 +8,7 @@ in the reward hook: the report written into each sample's ``metadata["agent_rl"]
 the dump a researcher opens.
 
 Limits come from ``args.agent_rl["gates"]`` (the launcher's custom config, see
-:mod:`slime_backend.settings`); a run wired without it fails loudly on the first batch.
+:mod:`slime_backend._settings`); a run wired without it fails loudly on the first batch.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from .episode import EpisodeStatus
-from .gates import EpisodeHealth, SilentFailureAlarm, evaluate_gates
-from .settings import BackendSettings
-from .slime_api import NAMESPACE, episode_key
+from ._episode import EpisodeStatus
+from ._gates import EpisodeHealth, SilentFailureAlarm, evaluate_gates
+from ._settings import BackendSettings
+from ._slime_api import NAMESPACE, episode_key
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The generate function slime calls for every sample: one agent episode -> a list of samples.
 
-The app makes it from its :class:`~slime_backend.episode.Episode` and exposes it as a module
+The app makes it from its :class:`~slime_backend.Episode` and exposes it as a module
 attribute, which slime loads with ``--custom-generate-function-path``::
 
     # swe_rl/rollout.py
@@ -10,11 +10,11 @@ slime awaits ``generate(args, sample, sampling_params, evaluation=...)`` (the ``
 keyword is passed because the signature names it). Each call:
 
 1. reads the run's settings from ``args.agent_rl`` (the launcher's custom config) and the rest
-   from slime's own ``args`` (:mod:`slime_backend.rollout_args`), and turns ``sampling_params``
-   into the adapter's sampling (:mod:`slime_backend.sampling`); a bad value raises one
-   :class:`~slime_backend.typed_config.ConfigError` naming it, before any episode runs;
-2. runs the episode in this process (``workers.mode = "local"``, :mod:`slime_backend.runtime`)
-   or on the least-loaded Ray rollout worker (``"ray"``, :mod:`slime_backend.ray_workers`),
+   from slime's own ``args`` (:mod:`slime_backend._rollout_args`), and turns ``sampling_params``
+   into the adapter's sampling (:mod:`slime_backend._sampling`); a bad value raises one
+   :class:`~slime_backend.ConfigError` naming it, before any episode runs;
+2. runs the episode in this process (``workers.mode = "local"``, :mod:`slime_backend._runtime`)
+   or on the least-loaded Ray rollout worker (``"ray"``, :mod:`slime_backend._ray_workers`),
    with ``sample.session_id`` as the engine's routing key (a fresh one for evaluation samples,
    which slime leaves without);
 3. converts the session tree into samples off the event loop (a million-token episode takes
@@ -38,17 +38,17 @@ from typing import Any
 from protocol_adapters.tokenizer.checkpoint import Checkpoint
 from trajectory_tree import RewardPolicy, SessionTree
 
-from .conversion import ConversionError, ConversionOptions, check_base, episode_samples
-from .episode import Episode, EpisodeOutcome, JsonValue
-from .episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_episode
-from .ray_workers import RayWorkerPool
-from .rollout_args import RolloutArgs
-from .runtime import AdapterRuntime, RuntimeSetup, load_checkpoint_off_loop
-from .sampling import rollout_sampling
-from .settings import BackendSettings
-from .slime_api import NAMESPACE
-from .slime_api import sample_class as slime_sample_class
-from .typed_config import ConfigError
+from ._conversion import ConversionError, ConversionOptions, check_base, episode_samples
+from ._episode import Episode, EpisodeOutcome, JsonValue
+from ._episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_episode
+from ._ray_workers import RayWorkerPool
+from ._rollout_args import RolloutArgs
+from ._runtime import AdapterRuntime, RuntimeSetup, load_checkpoint_off_loop
+from ._sampling import rollout_sampling
+from ._settings import BackendSettings
+from ._slime_api import NAMESPACE
+from ._slime_api import sample_class as slime_sample_class
+from ._typed_config import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 slime calls ``post_process_rewards(args, samples)`` once per rollout batch with every sample of
 the batch (already flattened) and expects ``(raw_rewards, rewards)``: two lists of floats, one
 entry per sample, in order. ``raw_rewards`` is logged; ``rewards`` is what the advantage estimator
-consumes. See :mod:`slime_backend.grpo` for the math.
+consumes. See :mod:`slime_backend._grpo` for the math.
 
 Episodes are told apart by ``rollout_id`` (falling back to ``index``, as slime does) and grouped by
 ``group_index``; every sample of an episode must carry the same reward and group. An episode with
@@ -17,8 +17,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .grpo import EpisodeReward, Normalization, normalized_rewards
-from .slime_api import SlimeSample, episode_key
+from ._grpo import EpisodeReward, Normalization, normalized_rewards
+from ._slime_api import SlimeSample, episode_key
 
 logger = logging.getLogger(__name__)
 

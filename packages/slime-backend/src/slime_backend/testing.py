@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .settings import BackendSettings
+from ._settings import BackendSettings
 
 
 @dataclass

@@ -9,14 +9,17 @@ generated token is trained exactly once or excluded with a reason. Standard libr
     ids = route.prefix_ids() + render(route.new_messages)   # the renderer's job
     tree.record(route, BridgedPrompt(segments, gen_prompt), completion, reply)
     samples = linearize(tree).samples
+
+The public API is what this module exports; the modules behind it (``_tree``, ``_linearize``,
+...) are internal and may change in any release.
 """
 
-from importlib.metadata import version as _distribution_version
+from typing import TYPE_CHECKING
 
-from .bridge import BridgedPrompt, FullPrompt, Segment
-from .canonical import canonical_json, same_message
-from .errors import ForeignRoute, FormatError, InvalidTurn, TrajectoryError
-from .linearize import (
+from ._bridge import BridgedPrompt, FullPrompt, Segment
+from ._canonical import canonical_json, same_message
+from ._errors import ForeignRoute, FormatError, InvalidTurn, TrajectoryError
+from ._linearize import (
     Exclusion,
     LengthLimit,
     LengthMode,
@@ -26,16 +29,14 @@ from .linearize import (
     linearize,
     turn_exclusions,
 )
-from .messages import Block, Media, Message, Prompt, Reasoning, Role, Text, ToolCall, ToolSpec
-from .reasons import FinishReason, LossReason
-from .render import render_tree
-from .rewards import RewardPolicy, assign_reward
-from .serialize import dumps, loads, tree_from_dict, tree_to_dict
-from .summary import SessionSummary, summarize
-from .tree import Node, Route, SessionTree
-from .turns import Completion, Turn, TurnMeta
-
-__version__ = _distribution_version("agent-rl-trajectory-tree")  # pyproject.toml is the one source
+from ._messages import Block, Media, Message, Prompt, Reasoning, Role, Text, ToolCall, ToolSpec
+from ._reasons import FinishReason, LossReason
+from ._render import render_tree
+from ._rewards import RewardPolicy, assign_reward
+from ._serialize import dumps, loads, message_to_dict, tree_from_dict, tree_to_dict
+from ._summary import SessionSummary, summarize
+from ._tree import Node, Route, SessionTree
+from ._turns import Completion, Turn, TurnMeta
 
 __all__ = [
     "Block",
@@ -75,6 +76,7 @@ __all__ = [
     "dumps",
     "linearize",
     "loads",
+    "message_to_dict",
     "render_tree",
     "same_message",
     "summarize",
@@ -82,3 +84,17 @@ __all__ = [
     "tree_to_dict",
     "turn_exclusions",
 ]
+
+
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        # The version comes from the installed metadata (pyproject.toml is its one source), read
+        # on first use: importing importlib.metadata costs more than importing this package.
+        if name == "__version__":
+            from importlib.metadata import version
+
+            return version("agent-rl-trajectory-tree")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

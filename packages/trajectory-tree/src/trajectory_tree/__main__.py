@@ -11,12 +11,12 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from .errors import FormatError
-from .linearize import LengthLimit, LengthMode, Linearization, linearize
-from .rewards import RewardPolicy, assign_reward
-from .serialize import loads
-from .summary import summarize
-from .tree import SessionTree
+from ._errors import FormatError
+from ._linearize import LengthLimit, LengthMode, Linearization, linearize
+from ._rewards import RewardPolicy, assign_reward
+from ._serialize import loads
+from ._summary import summarize
+from ._tree import SessionTree
 
 DEMO = "demo_session.json"
 
@@ -39,7 +39,7 @@ def _sample_lines(lin: Linearization) -> list[str]:
 
 def report(tree: SessionTree, *, limit: LengthLimit | None, policy: RewardPolicy) -> str:
     """The tree, its samples (with a placeholder reward of 1.0) and the session summary."""
-    from .render import render_tree
+    from ._render import render_tree
 
     lin = assign_reward(
         linearize(tree, limit=limit), 1.0, rollout_id=tree.session_id or "demo", policy=policy

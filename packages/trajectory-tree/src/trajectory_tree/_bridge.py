@@ -1,6 +1,6 @@
 """The contract between the tree and a renderer: what the renderer sent to the engine, and how.
 
-A renderer asks the tree for a :class:`~trajectory_tree.tree.Route`, renders only the route's
+A renderer asks the tree for a :class:`~trajectory_tree.Route`, renders only the route's
 new messages, and hands back a :class:`BridgedPrompt` (the tree then knows, at no cost, that the
 prompt extends its path). When it had to render the whole conversation instead, it hands back a
 :class:`FullPrompt` with its reason; the tree checks whether those ids still extend the path and,
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .reasons import LossReason
+from ._reasons import LossReason
 
 PROMPT_REASONS: frozenset[LossReason] = frozenset(
     (

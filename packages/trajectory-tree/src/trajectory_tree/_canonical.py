@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .messages import Block, Message, Reasoning, ToolCall
+from ._messages import Block, Message, Reasoning, ToolCall
 
 
 def _number(text: str) -> int | float:

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .reasons import FinishReason, LossReason
-from .tree import Node, SessionTree
+from ._reasons import FinishReason, LossReason
+from ._tree import Node, SessionTree
 
 
 class LengthMode(StrEnum):

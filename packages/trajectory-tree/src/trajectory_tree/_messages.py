@@ -6,7 +6,7 @@ C-level tuple comparison, which is what keeps routing a 1M-token request far bel
 parsing its JSON. Fields routing must ignore (thinking signatures, encrypted reasoning, cache
 markers) are simply not part of the key; formatting differences that still mean the same message
 (re-serialized tool arguments, reasoning a client did not echo) are settled by
-:func:`trajectory_tree.canonical.same_message` on the rare key miss.
+:func:`trajectory_tree.same_message` on the rare key miss.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .messages import Message
-from .tree import Node, SessionTree
+from ._messages import Message
+from ._tree import Node, SessionTree
 
 Decode = Callable[[Sequence[int]], str]
 

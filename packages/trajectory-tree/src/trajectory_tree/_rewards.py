@@ -17,8 +17,8 @@ import dataclasses
 from array import array
 from enum import StrEnum
 
-from .linearize import Exclusion, Linearization, Sample
-from .reasons import LossReason
+from ._linearize import Exclusion, Linearization, Sample
+from ._reasons import LossReason
 
 
 class RewardPolicy(StrEnum):

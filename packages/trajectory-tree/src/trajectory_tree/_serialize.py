@@ -12,11 +12,11 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, cast
 
-from .errors import FormatError
-from .messages import Block, Media, Message, Prompt, Reasoning, Role, Text, ToolCall, ToolSpec
-from .reasons import FinishReason, LossReason
-from .tree import Node, SessionTree
-from .turns import LOGPROB_ROUNDING, Turn, TurnMeta
+from ._errors import FormatError
+from ._messages import Block, Media, Message, Prompt, Reasoning, Role, Text, ToolCall, ToolSpec
+from ._reasons import FinishReason, LossReason
+from ._tree import Node, SessionTree
+from ._turns import LOGPROB_ROUNDING, Turn, TurnMeta
 
 FORMAT = "trajectory-tree/1"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .linearize import Linearization, linearize
-from .reasons import FinishReason, LossReason
-from .tree import SessionTree
+from ._linearize import Linearization, linearize
+from ._reasons import FinishReason, LossReason
+from ._tree import SessionTree
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,12 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .bridge import BridgedPrompt, FullPrompt
-from .canonical import same_message
-from .errors import ForeignRoute, InvalidTurn
-from .messages import Message, Prompt
-from .reasons import FinishReason, LossReason
-from .turns import Completion, Turn, TurnMeta
+from ._bridge import BridgedPrompt, FullPrompt
+from ._canonical import same_message
+from ._errors import ForeignRoute, InvalidTurn
+from ._messages import Message, Prompt
+from ._reasons import FinishReason, LossReason
+from ._turns import Completion, Turn, TurnMeta
 
 _MAX_ALIASES = 4
 

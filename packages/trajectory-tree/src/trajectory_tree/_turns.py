@@ -7,9 +7,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .errors import InvalidTurn
-from .messages import Message
-from .reasons import FinishReason
+from ._errors import InvalidTurn
+from ._messages import Message
+from ._reasons import FinishReason
 
 LOGPROB_ROUNDING = 1e-4
 """Engines compute log-softmax in low precision; a certain token can come back as +1e-7. Such

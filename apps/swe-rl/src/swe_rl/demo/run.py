@@ -29,10 +29,9 @@ from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.testing.stack import VocabularyTokenizer
 from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 from sandbox import LocalBackend, LocalConfig, SandboxUnavailableError
+from slime_backend import AgentSettings, BackendSettings, EpisodeSettings, to_mapping
 from slime_backend.generate import make_generate
-from slime_backend.settings import AgentSettings, BackendSettings, EpisodeSettings
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
-from slime_backend.typed_config import to_mapping
 from swe_rl.agents import harness_for
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks

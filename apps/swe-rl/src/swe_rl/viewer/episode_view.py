@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_backend.conversion import ConversionOptions
-from slime_backend.episode import EpisodeStatus
-from slime_backend.gates import EpisodeHealth
+from slime_backend import ConversionOptions, EpisodeHealth, EpisodeStatus
 from trajectory_tree import (
     Linearization,
     Node,
@@ -30,9 +28,9 @@ from trajectory_tree import (
     assign_reward,
     linearize,
     loads,
+    message_to_dict,
     summarize,
 )
-from trajectory_tree.serialize import message_to_dict
 
 from .branches import layout
 from .embed import script_json
@@ -268,7 +266,7 @@ def _pretty_json(text: str) -> str:
 
 
 def _flags(health: EpisodeHealth) -> list[dict[str, str]]:
-    """This episode's part in each silent-failure gate (names as slime_backend.gates has them)."""
+    """This episode's part in each silent-failure gate (the gates' own names)."""
     flags = []
     if health.trained_tokens == 0:
         flags.append(_flag("zero_trainable", "trains no token"))

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_backend.episode import EpisodeStatus
-from slime_backend.typed_config import ConfigError, FieldError, from_mapping
+from slime_backend import ConfigError, EpisodeStatus, FieldError, from_mapping
 
 RUN_FILE = "run.json"
 TREE_FILE = "tree.json"
@@ -34,7 +33,7 @@ class RunDirError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Alarm:
-    """A silent-failure gate that tripped for the run (`slime_backend.gates`, as written)."""
+    """A silent-failure gate that tripped for the run (`slime_backend._gates`, as written)."""
 
     gate: str
     share: float

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from slime_backend.conversion import ConversionOptions
+from slime_backend import ConversionOptions
 
 from .episode_view import Decode, episode_view
 from .legend import legend

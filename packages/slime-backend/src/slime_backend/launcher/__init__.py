@@ -1,6 +1,9 @@
-"""Launch slime with this package wired in: typed TOML config -> exact command -> Ray job."""
+"""Launch slime with this package wired in: typed TOML config -> exact command -> Ray job.
 
-from .command import (
+The public API is what this module exports; its modules (``_config``, ...) are internal.
+"""
+
+from ._command import (
     GATE_HOOK,
     REFUSED_FLAGS,
     REWARD_HOOK,
@@ -10,7 +13,8 @@ from .command import (
     train_args,
     train_command,
 )
-from .config import (
+from ._config import (
+    AdvantageEstimator,
     ClusterShape,
     DataConfig,
     ModelPaths,
@@ -21,13 +25,14 @@ from .config import (
     SlimeInstall,
     TrainConfig,
 )
-from .runner import LaunchPlan, SlimeRunner
+from ._runner import LaunchPlan, SlimeRunner
 
 __all__ = [
     "GATE_HOOK",
     "REFUSED_FLAGS",
     "REWARD_HOOK",
     "ROUTER_POLICY",
+    "AdvantageEstimator",
     "ClusterShape",
     "DataConfig",
     "LaunchPlan",

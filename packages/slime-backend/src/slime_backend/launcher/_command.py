@@ -18,9 +18,9 @@ import json
 import string
 from collections.abc import Iterable
 
-from slime_backend.typed_config import ConfigError
+from slime_backend._typed_config import ConfigError
 
-from .config import RunnerConfig
+from ._config import RunnerConfig
 
 REWARD_HOOK = "slime_backend.reward_hook.post_process_rewards"
 GATE_HOOK = "slime_backend.gate_hook.check_rollout_batch"

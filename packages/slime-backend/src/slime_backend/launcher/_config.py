@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from slime_backend.conversion import ConversionOptions
-from slime_backend.gates import GateConfig
-from slime_backend.grpo import MEAN_ESTIMATORS
-from slime_backend.rollout_args import check_parsers
-from slime_backend.settings import (
+from slime_backend._conversion import ConversionOptions
+from slime_backend._gates import GateConfig
+from slime_backend._grpo import MEAN_ESTIMATORS
+from slime_backend._rollout_args import check_parsers
+from slime_backend._settings import (
     AdapterSettings,
     AgentSettings,
     BackendSettings,
@@ -26,7 +26,7 @@ from slime_backend.settings import (
     SandboxSettings,
     WorkerSettings,
 )
-from slime_backend.typed_config import FieldError
+from slime_backend._typed_config import FieldError
 
 AdvantageEstimator = Literal[
     "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
@@ -176,7 +176,7 @@ class RolloutConfig:
     """``batch_size`` prompts per step, ``n_samples_per_prompt`` episodes per prompt (the GRPO
     group); ``max_response_len`` is the per-call ``max_new_tokens``. ``tool_call_parser`` and
     ``reasoning_parser`` are SGLang's parser names for the policy's output format; the adapters
-    parse replies with them (:data:`slime_backend.rollout_args.TOOL_CALL_PARSERS`)."""
+    parse replies with them (:data:`slime_backend._rollout_args.TOOL_CALL_PARSERS`)."""
 
     num_rollout: int
     batch_size: int

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from slime_backend.typed_config import ConfigError, from_mapping
+from slime_backend._typed_config import ConfigError, from_mapping
 
-from .command import custom_config_path, ray_submit_command, train_command
-from .config import RunnerConfig
+from ._command import custom_config_path, ray_submit_command, train_command
+from ._config import RunnerConfig
 
 
 @dataclass(frozen=True, slots=True)
