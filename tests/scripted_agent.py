@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol_adapters.testing import ScriptedReply
+from protocol_adapters.testing.prompt_tools import ShellTool
 
-from .reading import Prompt, ScriptedModel, ShellTool
+from .reading import Prompt, ScriptedModel
 
 FINAL_ANSWER = "All three marker files are written."
 FIRST_REASONING = "The task needs three files; start with the first."

@@ -48,7 +48,7 @@ def index(tmp_path: Path) -> Iterator[Index]:
     passwords = tmp_path / "htpasswd"
     with warnings.catch_warnings():  # passlib imports the crypt module Python 3.13 drops
         warnings.simplefilter("ignore", DeprecationWarning)
-        from passlib.apache import HtpasswdFile
+        from passlib.apache import HtpasswdFile  # type: ignore[import-untyped]  # no stubs
     accounts = HtpasswdFile(str(passwords), new=True)
     accounts.set_password("__token__", TOKEN)
     accounts.save()

@@ -299,8 +299,9 @@ def check_repository() -> None:
 
 def check_cross_package(pytest_args: list[str]) -> None:
     """The root tests exercise several members at once, in the shared workspace environment."""
-    mypy = [*TOOL, "mypy", "--strict", "--explicit-package-bases"]
-    run(*mypy, "tests", "tools/ci.py", "tools/release.py")
+    run(*TOOL, "mypy", "--strict", "--explicit-package-bases", "tests")
+    run(*TOOL, "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"), "ci.py",
+        "release.py", cwd=ROOT / "tools")  # fmt: skip
     run(*TOOL, "pytest", str(ROOT / "tests"), *pytest_args)
 
 
