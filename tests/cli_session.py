@@ -18,9 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Generic, TypeVar
 
 from harness import AgentEndpoint, EventStats, Harness, InstalledCli, summarize_lines
-from protocol_adapters.rendering.renderer import RendererConfig
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import Session, SessionLimits
+from protocol_adapters import AdapterConfig, RendererConfig, Session, SessionLimits
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from trajectory_tree import (
     FinishReason,

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import CLAUDE_CODE_CLI, CODEX_CLI, InstallConfig, InstalledCli, install_cli
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from protocol_adapters import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 
 # The shared assertions live in helper modules: let pytest explain their failures too.
 pytest.register_assert_rewrite("tests.cli_session", "tests.trust_checks")

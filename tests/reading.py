@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.prompt_tools import ShellTool, find_shell_tool, offered_tools
-from protocol_adapters.tokenizer import Vocabulary
 
 START = "<|im_start|>"
 END = "<|im_end|>"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import ClaudeCode, InstalledCli
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters import Vocabulary
 
 from .cli_session import assert_shell_session_recorded, explained, run_cli_session
 from .scripted_agent import FIRST_REASONING, ShellSessionAgent

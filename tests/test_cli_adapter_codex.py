@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import Codex, InstalledCli
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters import Vocabulary
 
 from .cli_session import (
     POLICY_MODEL,

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from harness import ClaudeCode, Codex, Harness, InstalledCli
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters import Vocabulary
 from trajectory_tree import Turn
 
 from .cli_session import CliSession, assert_trained_once_as_generated, chain, explained

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness import ClaudeCode, InstalledCli
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters import Vocabulary
 from trajectory_tree import summarize
 
 from .cli_session import (

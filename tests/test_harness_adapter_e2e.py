@@ -20,8 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from harness import AgentEndpoint, ClaudeCode, CliMount, Codex, Harness, InstalledCli
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters import AdapterConfig, SessionLimits
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import check_engine_tokens_trained

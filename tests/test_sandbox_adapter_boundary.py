@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol_adapters.server.config import AdapterConfig, AdminConfig
+from protocol_adapters import AdapterConfig, AdminConfig, Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from sandbox import ForwardedEndpoint, LocalBackend, LocalConfig, SandboxSpec
 
 INSIDE_PORT = 8080

@@ -20,10 +20,7 @@ OUT = ROOT / "packages/trajectory-tree/src/trajectory_tree/demo_session.json"
 sys.path.insert(0, str(ROOT))
 
 from harness import CLAUDE_CODE_CLI, ClaudeCode, InstallConfig, install_cli  # noqa: E402
-from protocol_adapters.tokenizer.qwen import (  # noqa: E402
-    QwenTokenizerConfig,
-    load_qwen3_vocabulary,
-)
+from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary  # noqa: E402
 from tests.cli_session import assert_shell_session_recorded, run_cli_session  # noqa: E402
 from trajectory_tree import dumps, linearize, render_tree  # noqa: E402
 

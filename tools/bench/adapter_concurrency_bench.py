@@ -63,15 +63,22 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from protocol_adapters.engine import SGLangConfig, SGLangEngine
-from protocol_adapters.rendering import Renderer, RendererConfig, qwen3_template
-from protocol_adapters.server.config import AdapterConfig, AdminConfig
-from protocol_adapters.server.ports import reply_parsers
-from protocol_adapters.server.runner import AdapterServer
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters import (
+    AdapterConfig,
+    AdapterServer,
+    AdminConfig,
+    QwenTokenizerConfig,
+    Renderer,
+    RendererConfig,
+    SessionLimits,
+    SGLangConfig,
+    SGLangEngine,
+    load_qwen3_vocabulary,
+    qwen3_template,
+    reply_parsers,
+)
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import QwenTokenizerConfig, load_qwen3_vocabulary
 from trajectory_tree import linearize as linearize_tree
 from trajectory_tree import loads
 

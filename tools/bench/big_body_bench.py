@@ -64,14 +64,19 @@ def serve_adapter(engine_url: str, cache_dir: str, context: int) -> None:
     Imports happen here, after ``--adapter-src`` was put on ``sys.path`` by the environment, and
     use only calls an older adapter also has.
     """
-    from protocol_adapters.engine import SGLangConfig, SGLangEngine
-    from protocol_adapters.rendering.renderer import Renderer, RendererConfig
-    from protocol_adapters.rendering.template import qwen3_template
-    from protocol_adapters.server.config import AdapterConfig
-    from protocol_adapters.server.ports import reply_parsers
-    from protocol_adapters.server.runner import AdapterServer
-    from protocol_adapters.server.sessions import SessionLimits
-    from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+    from protocol_adapters import (
+        AdapterConfig,
+        AdapterServer,
+        QwenTokenizerConfig,
+        Renderer,
+        RendererConfig,
+        SessionLimits,
+        SGLangConfig,
+        SGLangEngine,
+        load_qwen3_vocabulary,
+        qwen3_template,
+        reply_parsers,
+    )
 
     async def serve() -> None:
         vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(Path(cache_dir)))
@@ -360,9 +365,9 @@ def table(rows: list[Row], label: str, concurrent: int) -> Table:
 
 
 async def bench(args: argparse.Namespace, console: Console) -> int:
+    from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary
     from protocol_adapters.testing import EngineDouble
     from protocol_adapters.testing.stack import VocabularyTokenizer
-    from protocol_adapters.tokenizer import QwenTokenizerConfig, load_qwen3_vocabulary
 
     vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(args.cache_dir))
     body = big_body(args.body_mb)

@@ -39,10 +39,16 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedTokenizerFast
 
+from protocol_adapters import (
+    QwenTokenizerConfig,
+    Renderer,
+    RendererConfig,
+    Vocabulary,
+    load_qwen3_vocabulary,
+    qwen3_template,
+)
 from protocol_adapters.parsing import BuiltinReplyParser
-from protocol_adapters.rendering import Renderer, RendererConfig, qwen3_template
 from protocol_adapters.rendering.template_messages import template_messages, template_tools
-from protocol_adapters.tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from trajectory_tree import (
     Completion,
     FinishReason,

@@ -55,13 +55,10 @@ from rollout_kit import (  # noqa: E402
     scripted_episode,
 )
 
+from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary  # noqa: E402
 from protocol_adapters.testing import EngineDouble  # noqa: E402
 from protocol_adapters.testing.checkpoint import write_checkpoint  # noqa: E402
 from protocol_adapters.testing.stack import VocabularyTokenizer  # noqa: E402
-from protocol_adapters.tokenizer.qwen import (  # noqa: E402
-    QwenTokenizerConfig,
-    load_qwen3_vocabulary,
-)
 from slime_backend import (  # noqa: E402
     AdapterSession,
     AgentSettings,

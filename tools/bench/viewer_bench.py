@@ -36,8 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from protocol_adapters import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from swe_rl.viewer import Chromium, write_viewer
 from swe_rl.viewer.chromium import READY, Page
 from trajectory_tree import (

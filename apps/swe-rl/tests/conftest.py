@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import InstallConfig
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from protocol_adapters import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 
 NPM_CACHE = Path.home() / ".cache" / "agent-rl" / "npm"
 

@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness import ClaudeCode, InstallConfig
-from protocol_adapters.rendering.renderer import RendererConfig
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters import AdapterConfig, RendererConfig, SessionLimits, Vocabulary
 from protocol_adapters.testing.stack import local_stack
 from protocol_adapters.testing.trust import check_engine_tokens_trained
-from protocol_adapters.tokenizer import Vocabulary
 from sandbox import LocalBackend, LocalConfig
 from slime_backend import AdapterSession, Budgets, EpisodeStatus
 from swe_rl.demo.policy import DemoPolicy

@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 
 from harness import ClaudeCode, InstallConfig
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters import AdapterConfig, SessionLimits, Vocabulary
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from sandbox import LocalBackend, LocalConfig
 from slime_backend import NAMESPACE, AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus
 from slime_backend.testing import StandInSample

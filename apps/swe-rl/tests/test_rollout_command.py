@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters import Vocabulary
 from swe_rl.viewer import Chromium, ChromiumConfig, ChromiumError, screenshot, write_viewer
 from swe_rl.viewer.chromium import READY, Page
 from trajectory_tree import linearize

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters import Vocabulary
 from slime_backend import (
     ConversionOptions,
     EpisodeHealth,

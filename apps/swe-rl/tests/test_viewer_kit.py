@@ -22,9 +22,9 @@ import anthropic
 import pytest
 from anthropic.types import MessageParam, ToolParam
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import SessionTree, dumps
 
 INJECTED = '</script><img src=x onerror="window.__pwned=1"><!--'

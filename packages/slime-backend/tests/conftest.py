@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from protocol_adapters import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from protocol_adapters.testing.checkpoint import write_checkpoint
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:

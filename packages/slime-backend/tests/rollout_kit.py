@@ -23,8 +23,8 @@ from typing import Any
 
 import anthropic
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import EngineDouble, ScriptedReply
-from protocol_adapters.tokenizer import Vocabulary
 from slime_backend import AdapterSession, Budgets, EpisodeOutcome, JsonValue
 from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample

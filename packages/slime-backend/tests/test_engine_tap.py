@@ -7,11 +7,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol_adapters.engine import GenerateRequest, SamplingParams, SGLangConfig, SGLangEngine
+from protocol_adapters import (
+    AdapterError,
+    ErrorKind,
+    GenerateRequest,
+    SamplingParams,
+    SGLangConfig,
+    SGLangEngine,
+    Vocabulary,
+)
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.types import AdapterError, ErrorKind
 from slime_backend._engine_tap import EngineTap
 
 REPLIES = {"ok": ScriptedReply(text="fine"), "abort": ScriptedReply(text="cut", finish="abort")}

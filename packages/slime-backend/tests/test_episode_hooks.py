@@ -9,9 +9,9 @@ from pathlib import Path
 
 from rollout_kit import AgentModel, base_group, scripted_episode
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
 from slime_backend import (
     AdapterSession,
     AgentSettings,

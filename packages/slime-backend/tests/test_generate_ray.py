@@ -26,9 +26,9 @@ from rollout_kit import (
     scripted_episode,
 )
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
 from slime_backend import (
     AdapterSettings,
     AgentSettings,

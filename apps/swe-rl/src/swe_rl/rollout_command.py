@@ -15,8 +15,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from protocol_adapters.engine import SGLangConfig, SGLangEngine
-from protocol_adapters.tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from protocol_adapters import (
+    Checkpoint,
+    CheckpointError,
+    SGLangConfig,
+    SGLangEngine,
+    load_checkpoint,
+)
 from slime_backend import (
     AgentSettings,
     BackendSettings,

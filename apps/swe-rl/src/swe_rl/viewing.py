@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from protocol_adapters.tokenizer.checkpoint import CheckpointError, load_checkpoint
+from protocol_adapters import CheckpointError, load_checkpoint
 from slime_backend import ConfigError, ConversionOptions, from_mapping
 from swe_rl.errors import UsageError
 from swe_rl.viewer import RunDirError, write_viewer

@@ -23,8 +23,14 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from protocol_adapters.engine import Engine, GenerateChunk, GenerateRequest, GenerateResult
-from protocol_adapters.types import AdapterError, ErrorKind
+from protocol_adapters import (
+    AdapterError,
+    Engine,
+    ErrorKind,
+    GenerateChunk,
+    GenerateRequest,
+    GenerateResult,
+)
 from trajectory_tree import FinishReason
 
 ENGINE_FAULTS = frozenset({ErrorKind.OVERLOADED, ErrorKind.TIMEOUT, ErrorKind.ENGINE_ERROR})

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol_adapters.server.config import RolloutSampling
+from protocol_adapters import RolloutSampling
 from trajectory_tree import SessionTree, dumps, loads
 
 from ._episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue

@@ -84,7 +84,7 @@ class RolloutArgs:
 
     def parser_config(self) -> Any:
         """The adapters' :class:`~protocol_adapters.parsing.ParserConfig` for these names."""
-        from protocol_adapters.parsing import ParserConfig, ToolCallFormat
+        from protocol_adapters import ParserConfig, ToolCallFormat
 
         reasoning = self.reasoning_parser
         return ParserConfig(

@@ -28,14 +28,22 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol_adapters.engine import SGLangConfig, SGLangEngine
-from protocol_adapters.rendering.renderer import Renderer, RendererConfig
-from protocol_adapters.server.config import AdapterConfig, RolloutSampling
-from protocol_adapters.server.ports import reply_parsers
-from protocol_adapters.server.runner import AdapterServer
-from protocol_adapters.server.sessions import ContextTooLarge, SessionLimits
-from protocol_adapters.tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from protocol_adapters.types import AdapterError
+from protocol_adapters import (
+    AdapterConfig,
+    AdapterError,
+    AdapterServer,
+    Checkpoint,
+    CheckpointError,
+    ContextTooLarge,
+    Renderer,
+    RendererConfig,
+    RolloutSampling,
+    SessionLimits,
+    SGLangConfig,
+    SGLangEngine,
+    load_checkpoint,
+    reply_parsers,
+)
 
 from ._engine_tap import EngineTap
 from ._rollout_args import RolloutArgs

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from protocol_adapters.server.config import RolloutSampling
+from protocol_adapters import RolloutSampling
 
 from ._typed_config import ConfigError
 

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from protocol_adapters.tokenizer.checkpoint import Checkpoint
+from protocol_adapters import Checkpoint
 from trajectory_tree import RewardPolicy, SessionTree
 
 from ._conversion import ConversionError, ConversionOptions, check_base, episode_samples

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from protocol_adapters import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.prompt_tools import (
     ShellTool,
@@ -28,7 +29,6 @@ from protocol_adapters.testing.prompt_tools import (
     offered_tools,
     replies_so_far,
 )
-from protocol_adapters.tokenizer import Vocabulary
 from swe_rl.demo.repos import TASKS, DemoTask
 
 PLANS = ("fix", "cheat", "fix", "wrong", "skip")

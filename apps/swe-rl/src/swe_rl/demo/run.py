@@ -24,10 +24,10 @@ from rich.panel import Panel
 from rich.table import Table
 
 from harness import HarnessError, InstallConfig
+from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 from sandbox import LocalBackend, LocalConfig, SandboxUnavailableError
 from slime_backend import AgentSettings, BackendSettings, EpisodeSettings, to_mapping
 from slime_backend.generate import make_generate
