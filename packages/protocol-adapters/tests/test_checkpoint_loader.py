@@ -99,6 +99,34 @@ def test_rendering_matches_transformers_on_the_same_directory(tmp_path: Path) ->
     assert checkpoint.vocabulary.encode(text) == reference.encode(text, add_special_tokens=False)
 
 
+def test_every_named_special_token_reaches_the_template_as_transformers_passes_it(
+    tmp_path: Path,
+) -> None:
+    """transformers 5 renders with all named special tokens (sep, cls, mask and the names of an
+    ``extra_special_tokens`` mapping too); so does the checkpoint's template here."""
+    transformers = pytest.importorskip("transformers")
+    source = (
+        "{{ bos_token }}|{{ sep_token }}|{{ cls_token }}|{{ mask_token }}|{{ image_token }}|"
+        "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+    )
+    config = {
+        **QWEN3_CONFIG,
+        "bos_token": "<|im_start|>",
+        "sep_token": "<|fim_pad|>",
+        "cls_token": {"__type": "AddedToken", "content": "<|box_start|>"},
+        "mask_token": "<|box_end|>",
+        "extra_special_tokens": {"image_token": "<|image_pad|>"},
+    }
+    path = make_checkpoint(tmp_path / "ckpt", config, jinja_file=source)
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.special_tokens["image_token"] == "<|image_pad|>"
+    plain = [{"role": "user", "content": "hi"}]
+    ours = checkpoint.template.render_raw(plain, None, {}, add_generation_prompt=False)
+    reference = transformers.AutoTokenizer.from_pretrained(str(path))
+    assert ours == reference.apply_chat_template(plain, tokenize=False)
+    assert ours == "<|im_start|>|<|fim_pad|>|<|box_start|>|<|box_end|>|<|image_pad|>|hi<|im_end|>"
+
+
 def test_chat_template_jinja_wins_over_the_config_and_named_templates_are_read(
     tmp_path: Path,
 ) -> None:
@@ -129,6 +157,26 @@ def test_chat_template_jinja_wins_over_the_config_and_named_templates_are_read(
             r"tokenizer_config\.json: eos_token '</s>' is not a token of tokenizer\.json",
         ),
         (lambda d: _config(d, pad_token=7), r"tokenizer_config\.json: pad_token must be"),
+        (
+            lambda d: _config(d, pad_token={"__type": "AddedToken", "special": True}),
+            r"tokenizer_config\.json: pad_token must be a token's text",
+        ),
+        (
+            lambda d: _config(d, extra_special_tokens={"image_token": "<nope>"}),
+            r"image_token '<nope>' is not a token of tokenizer\.json",
+        ),
+        (
+            lambda d: _config(d, extra_special_tokens="<|image_pad|>"),
+            r"extra_special_tokens must map names to tokens",
+        ),
+        (
+            lambda d: _config(d, chat_template=[{"name": "tool_use", "template": "x"}]),
+            r"chat_template lists no 'default' template \(names: 'tool_use'\)",
+        ),
+        (
+            lambda d: (d / "chat_template.jinja").write_bytes(b"{{ bos_token }}\xff"),
+            r"chat_template\.jinja: not readable as UTF-8",
+        ),
         (
             lambda d: _config(d, chat_template="{% if %}"),
             r"tokenizer_config\.json: chat template .* does not compile",

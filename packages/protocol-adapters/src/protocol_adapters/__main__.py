@@ -1,12 +1,15 @@
-"""``protocol-adapters serve``: the adapter as its own service in front of an SGLang engine.
+"""``protocol-adapters serve``: the adapter as its own service in front of an SGLang engine;
+``protocol-adapters check-template``: the verdict on a chat template before serving it.
 
-    protocol-adapters serve --engine-url http://gpu-node:30000 --qwen3-cache ~/.cache/qwen3 \\
+    protocol-adapters serve --engine-url http://gpu-node:30000 --checkpoint /ckpt/Qwen3-8B \\
         --port 8400 --admin-token-file /run/secrets/adapter-admin --admin-port 8401
+    protocol-adapters check-template /ckpt/Qwen3-8B          # or a .jinja file
 
 Sessions are opened and closed over ``/admin/sessions`` on the admin port, with the admin token
 (see ``server/admin.py``); the agent-facing port has no session API. The context length is the
-engine's unless ``--context-tokens`` sets a smaller one. Everything here maps flags onto typed
-configuration; nothing reads the environment.
+engine's unless ``--context-tokens`` sets a smaller one. The chat template is audited at start
+and refused unless the bridge serves it exactly or ``--template-mode`` says how to serve it.
+Everything here maps flags onto typed configuration; nothing reads the environment.
 """
 
 from __future__ import annotations
@@ -18,15 +21,24 @@ import signal
 import sys
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from protocol_adapters.engine import SGLangConfig, SGLangEngine
 from protocol_adapters.parsing import ParserConfig, ToolCallFormat
+from protocol_adapters.rendering.audit import audit_source
 from protocol_adapters.rendering.renderer import Renderer, RendererConfig
-from protocol_adapters.rendering.template import ChatTemplate, qwen3_template
+from protocol_adapters.rendering.template import ChatTemplate, TemplateError, qwen3_template
+from protocol_adapters.rendering.verdict import TemplateMode, TemplateRefused, Verdict
 from protocol_adapters.server.config import AdapterConfig, AdminConfig, RolloutSampling
 from protocol_adapters.server.ports import reply_parsers
 from protocol_adapters.server.runner import AdapterServer
 from protocol_adapters.server.sessions import ContextTooLarge, SessionLimits
 from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters.tokenizer.checkpoint import (
+    CheckpointError,
+    chat_template_source,
+    load_checkpoint,
+)
 from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 from protocol_adapters.types import AdapterError
 
@@ -64,9 +76,27 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8400)
     vocab = serve.add_mutually_exclusive_group(required=True)
+    vocab.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="the policy's Hugging Face checkpoint directory: tokenizer, chat template, special "
+        "tokens and stop tokens (slime's --hf-checkpoint)",
+    )
     vocab.add_argument("--tokenizer-json", type=Path, help="the policy's tokenizer.json")
     vocab.add_argument("--qwen3-cache", type=Path, help="build the Qwen3 tokenizer offline here")
-    serve.add_argument("--template-file", type=Path, help="Jinja chat template (default: ours)")
+    serve.add_argument(
+        "--template-file",
+        type=Path,
+        help="Jinja chat template (default: the checkpoint's, or ours)",
+    )
+    _special_token_flags(serve)
+    serve.add_argument(
+        "--template-mode",
+        choices=[m.value for m in TemplateMode],
+        default=TemplateMode.EXACT.value,
+        help="how to serve a template the bridge cannot reproduce exactly (see check-template); "
+        "every turn records the mode",
+    )
     serve.add_argument(
         "--tool-format", choices=[f.value for f in ToolCallFormat], default="hermes_json"
     )
@@ -88,7 +118,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--admin-host", default="127.0.0.1", help="the admin API's own address")
     serve.add_argument("--admin-port", type=int, default=8401, help="the admin API's own port")
+    check = sub.add_parser(
+        "check-template",
+        help="audit a chat template: can the bridge serve it exactly, and if not, why",
+    )
+    check.add_argument("path", type=Path, help="a Jinja template file or a checkpoint directory")
+    _special_token_flags(check)
     return parser
+
+
+def _special_token_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bos-token", help="the bos_token the template renders (default: the checkpoint's)"
+    )
+    parser.add_argument(
+        "--eos-token",
+        help="the eos_token the template renders; with --tokenizer-json also the token that ends "
+        "a reply (default: the checkpoint's)",
+    )
+
+
+def _special_tokens(args: argparse.Namespace) -> dict[str, str]:
+    flags = {"bos_token": args.bos_token, "eos_token": args.eos_token}
+    return {name: value for name, value in flags.items() if value is not None}
 
 
 def engine_config(args: argparse.Namespace) -> SGLangConfig:
@@ -102,20 +154,40 @@ def engine_config(args: argparse.Namespace) -> SGLangConfig:
     )
 
 
-def _vocabulary(args: argparse.Namespace) -> Vocabulary:
-    if args.tokenizer_json:
-        return Vocabulary.from_file(args.tokenizer_json)
-    return load_qwen3_vocabulary(QwenTokenizerConfig(args.qwen3_cache))
+def _policy(args: argparse.Namespace) -> tuple[Vocabulary, ChatTemplate]:
+    """The tokenizer and the chat template the flags name, the template seeing the checkpoint's
+    special tokens (``--bos-token`` / ``--eos-token`` win)."""
+    special = _special_tokens(args)
+    if args.checkpoint:
+        checkpoint = load_checkpoint(args.checkpoint)
+        vocabulary, template = checkpoint.vocabulary, checkpoint.template
+    elif args.tokenizer_json:
+        eos = special.get("eos_token")
+        tokenizer = Tokenizer.from_file(str(args.tokenizer_json))
+        name = args.tokenizer_json.parent.name or args.tokenizer_json.stem
+        vocabulary = Vocabulary(tokenizer, name, (eos,)) if eos else Vocabulary(tokenizer, name)
+        template = qwen3_template()
+    else:
+        vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(args.qwen3_cache))
+        template = qwen3_template()
+    variables = {**template.variables, **special}
+    if args.template_file:
+        source = args.template_file.read_text("utf-8")
+        return vocabulary, ChatTemplate(args.template_file.stem, source, variables)
+    return vocabulary, ChatTemplate(template.name, template.source, variables)
+
+
+def _renderer(args: argparse.Namespace) -> tuple[Vocabulary, Renderer]:
+    """Load the policy and audit its template (off the event loop: both take a while)."""
+    vocabulary, template = _policy(args)
+    config = RendererConfig(
+        check_sample_rate=args.check_rate, mode=TemplateMode(args.template_mode)
+    )
+    return vocabulary, Renderer(vocabulary, template, config)
 
 
 async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
-    vocabulary = await asyncio.to_thread(_vocabulary, args)
-    template = (
-        ChatTemplate(args.template_file.stem, args.template_file.read_text())
-        if args.template_file
-        else qwen3_template()
-    )
-    renderer = Renderer(vocabulary, template, RendererConfig(check_sample_rate=args.check_rate))
+    vocabulary, renderer = await asyncio.to_thread(_renderer, args)
     admin = (
         AdminConfig(args.admin_token_file.read_text().strip(), args.admin_host, args.admin_port)
         if args.admin_token_file
@@ -153,9 +225,40 @@ async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
         await stop.wait()
 
 
+_ADVICE = {
+    Verdict.BRIDGE_EXACT: "serve it as is",
+    Verdict.BRIDGE_WITH_DEVIATION: "serve it with --template-mode accept-deviations (bridged, "
+    "with the deviations above) or full-render",
+    Verdict.FULL_RENDER_ONLY: "serve it with --template-mode full-render (every turn rendered "
+    "in full)",
+    Verdict.UNUSABLE: "it cannot be served",
+}
+
+
+def check_template(args: argparse.Namespace) -> int:
+    """Print the audit of a template file or a checkpoint's template: 0 when the bridge serves
+    it exactly, 1 when it needs a mode or cannot be served, 2 when it cannot be read."""
+    path: Path = args.path
+    try:
+        if path.is_dir():
+            found = chat_template_source(path)
+            source, variables = found.text, {**found.special_tokens, **_special_tokens(args)}
+        else:
+            source, variables = path.read_text("utf-8"), _special_tokens(args)
+    except (CheckpointError, OSError, UnicodeDecodeError) as exc:
+        print(f"protocol-adapters: {exc}", file=sys.stderr)
+        return 2
+    audit = audit_source(path.name if path.is_dir() else path.stem, source, variables)
+    print(audit.report())
+    print(f"  -> {_ADVICE[audit.verdict]}")
+    return 0 if audit.verdict is Verdict.BRIDGE_EXACT else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "check-template":
+        return check_template(args)
     try:
         sglang = engine_config(args)
     except ValueError as exc:
@@ -163,7 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         asyncio.run(_serve(args, sglang))
-    except (ContextTooLarge, AdapterError) as exc:
+    except (
+        ContextTooLarge,
+        AdapterError,
+        TemplateRefused,
+        TemplateError,
+        CheckpointError,
+        OSError,
+    ) as exc:
         print(f"protocol-adapters: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -5,21 +5,23 @@ All of it is loss 0: the labels only answer "why wasn't this trained?". Tool res
 content (role headers, ``<|im_end|>``, ``<tool_response>`` tags) ``template_scaffold``.
 
 Message boundaries are found without assuming anything about the template: each message is
-rendered alone after a probe conversation ending in its predecessor's role, and the longest
-prefix of that piece found at the current position of the real text is the message's region.
+rendered alone after a probe conversation ending like its predecessor, and the longest prefix of
+that piece found at the current position of the real text is the message's region.
 A template that groups consecutive tool results (one ``<|im_end|>`` after the last) still splits
 right: the lone rendering's closing tag is simply where the match stops. The ids come from one
-encode of the whole text; a token is labelled by the character it starts at.
+encode of the whole text; a token is labelled by the character it starts at. Labels never decide
+tokens: a template that refuses one of the small label probes gets coarser labels, not an error.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from trajectory_tree import LossReason, Message, Role, Segment
+from trajectory_tree import LossReason, Message, Segment
 
-from .conversation import TemplateContext
+from .conversation import Slot, TemplateContext
+from .template import TemplateError
 
 MAX_SCAFFOLD_CHARS = 64
 """Template text around a message longer than this (a system prompt, a tools block) is context."""
@@ -41,23 +43,25 @@ def common_prefix_at(text: str, start: int, piece: str) -> int:
 
 
 def message_regions(
-    context: TemplateContext, previous: Role | None, messages: Sequence[Message], text: str
+    context: TemplateContext,
+    slots: Sequence[Slot | None],
+    messages: Sequence[Message],
+    text: str,
+    names: Mapping[str, str],
 ) -> list[tuple[int, int]]:
-    """``[start, end)`` of each message in ``text`` (the rendering of ``messages`` after
-    ``previous``); the last region runs to the end of ``text``."""
+    """``[start, end)`` of each message in ``text`` (the rendering of ``messages``, each after
+    the message of ``slots[i]``); the last region runs to the end of ``text``."""
     if len(messages) == 1:
         return [(0, len(text))]
     regions: list[tuple[int, int]] = []
     cursor = 0
-    role = previous
-    for message in messages:
-        base = context.base_text(role)
-        alone = context.render_after(role, (message,), gen=False)
+    for slot, message in zip(slots, messages, strict=True):
+        base = context.base_text(slot)
+        alone = context.render_after(slot, (message,), gen=False, names=names)
         piece = alone[common_prefix_at(alone, 0, base) :]
         end = cursor + common_prefix_at(text, cursor, piece)
         regions.append((cursor, end))
         cursor = end
-        role = message.role
     if regions:
         start, _ = regions[-1]
         regions[-1] = (start, len(text))
@@ -69,18 +73,35 @@ def _scaffold_or(reason: LossReason, length: int) -> LossReason:
 
 
 def label_text(
-    context: TemplateContext, previous: Role | None, messages: Sequence[Message], text: str
+    context: TemplateContext,
+    slots: Sequence[Slot | None],
+    messages: Sequence[Message],
+    text: str,
+    names: Mapping[str, str],
 ) -> list[tuple[int, LossReason]]:
-    """``(end, reason)`` character spans covering ``text`` in order."""
+    """``(end, reason)`` character spans covering ``text`` in order; ``slots[i]`` is the slot
+    ``messages[i]`` follows. A template that refuses a label probe gets one span per reason."""
+    try:
+        return _label_text(context, slots, messages, text, names)
+    except (TemplateError, ValueError):
+        tools_only = all(m.role == "tool" for m in messages)
+        return [(len(text), LossReason.TOOL_OUTPUT if tools_only else LossReason.CONTEXT)]
+
+
+def _label_text(
+    context: TemplateContext,
+    slots: Sequence[Slot | None],
+    messages: Sequence[Message],
+    text: str,
+    names: Mapping[str, str],
+) -> list[tuple[int, LossReason]]:
     spans: list[tuple[int, LossReason]] = []
-    role = previous
-    for message, (start, end) in zip(
-        messages, message_regions(context, previous, messages, text), strict=True
-    ):
+    regions = message_regions(context, slots, messages, text, names)
+    for slot, message, (start, end) in zip(slots, messages, regions, strict=True):
         reason = LossReason.TOOL_OUTPUT if message.role == "tool" else LossReason.CONTEXT
         # Before the first message of a conversation sit the system prompt and tools block.
-        head_reason = LossReason.CONTEXT if role is None else reason
-        header = context.header(role, message.role)
+        head_reason = LossReason.CONTEXT if slot is None else reason
+        header = context.header(slot, message.role)
         content_from = start
         if header is not None and text.startswith(header, start):
             content_from = start + len(header)
@@ -94,7 +115,6 @@ def label_text(
             spans.append((at, _scaffold_or(head_reason, at - start)))
             spans.append((at + len(content), reason))
             spans.append((end, _scaffold_or(reason, end - at - len(content))))
-        role = message.role
     return [span for i, span in enumerate(spans) if span[0] > (spans[i - 1][0] if i else 0)]
 
 

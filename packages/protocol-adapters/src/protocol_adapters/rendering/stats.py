@@ -1,5 +1,6 @@
 """Counters that make every fallback visible: per template, how often the bridge was used, checked,
-found wrong, and replaced by a full render (and why)."""
+found wrong, found differing only in the model's own output (kept verbatim), and replaced by a
+full render (and why)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ class BridgeStats:
     bridged: int = 0
     checked: int = 0
     mismatches: int = 0
+    """Checks that found the bridge's template text wrong (the turn was rendered in full)."""
     fallbacks: Mapping[str, int] = field(default_factory=dict)
     last_mismatch: str | None = None
+    kept_outputs: int = 0
+    """Checks that found only an earlier reply differing from the template's rendering of it:
+    the engine's ids were kept (recorded in the turn's ``prompt_mismatch`` note)."""
 
     @property
     def full_renders(self) -> int:
@@ -36,17 +41,22 @@ class StatsRecorder:
         self._mismatches = 0
         self._fallbacks: Counter[str] = Counter()
         self._last_mismatch: str | None = None
+        self._kept = 0
 
     def bridged(self) -> None:
         with self._lock:
             self._bridged += 1
 
-    def checked(self, mismatch: str | None) -> None:
+    def checked(self, mismatch: str | None, *, kept: bool = False) -> None:
+        """One check; ``mismatch`` is its reason, ``kept`` when only model output differed."""
         with self._lock:
             self._checked += 1
             if mismatch is not None:
-                self._mismatches += 1
                 self._last_mismatch = mismatch
+                if kept:
+                    self._kept += 1
+                else:
+                    self._mismatches += 1
 
     def fallback(self, reason: str) -> None:
         with self._lock:
@@ -61,4 +71,5 @@ class StatsRecorder:
                 mismatches=self._mismatches,
                 fallbacks=dict(self._fallbacks),
                 last_mismatch=self._last_mismatch,
+                kept_outputs=self._kept,
             )

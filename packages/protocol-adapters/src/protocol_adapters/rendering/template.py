@@ -5,7 +5,14 @@ of the adapter, and the default install must not pull transformers (and its impo
 string render. This module reproduces the environment transformers compiles templates in (sandboxed,
 ``trim_blocks``/``lstrip_blocks``, loop controls, a non-escaping ``tojson``, ``raise_exception``,
 ``strftime_now``, a pass-through ``{% generation %}``), so any Hugging Face template renders the
-same text here; a test pins that against ``apply_chat_template`` for our own template.
+same text here; a test pins that against ``apply_chat_template`` for our own template. As
+transformers does, a render sees ``tools`` (``None`` when there are none), ``documents`` (``None``),
+``add_generation_prompt``, the template's variables (the checkpoint's special tokens) and the
+request's options.
+
+Time: ``strftime_now`` reads the clock. A render given ``now`` sees that instant instead, which is
+how the renderer freezes the date a template prints (Llama 3.1's system prompt) for a whole
+session: a session that crosses midnight must not change its own earlier tokens.
 
 Thread safety: a compiled :class:`ChatTemplate` is immutable and jinja2 renders are re-entrant.
 """
@@ -13,7 +20,7 @@ Thread safety: a compiled :class:`ChatTemplate` is immutable and jinja2 renders 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -27,7 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from trajectory_tree import Message, ToolSpec
 
-from .template_messages import template_messages, template_options, template_tools
+from .template_messages import ArgumentsForm, template_messages, template_options, template_tools
 
 
 class _Generation(jinja2.ext.Extension):
@@ -59,6 +66,15 @@ def _raise_exception(message: str) -> None:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+def frozen_clock(now: datetime) -> Callable[[str], str]:
+    """A ``strftime_now`` that always answers for ``now``."""
+
+    def strftime_now(fmt: str) -> str:
+        return now.strftime(fmt)
+
+    return strftime_now
 
 
 @lru_cache(maxsize=1)
@@ -99,10 +115,11 @@ class ChatTemplate:
         options: Mapping[str, str] | None = None,
         *,
         add_generation_prompt: bool = False,
+        arguments: ArgumentsForm = ArgumentsForm.MAPPING,
     ) -> str:
         """The template's text for ``messages`` (neutral form, converted here)."""
         return self.render_raw(
-            template_messages(messages),
+            template_messages(messages, arguments),
             template_tools(tuple(tools)),
             template_options(options or {}),
             add_generation_prompt=add_generation_prompt,
@@ -115,18 +132,27 @@ class ChatTemplate:
         options: Mapping[str, Any],
         *,
         add_generation_prompt: bool,
+        now: datetime | None = None,
     ) -> str:
-        """Render already-converted template dicts (Hugging Face's message shape)."""
+        """Render already-converted template dicts (Hugging Face's message shape); ``now``
+        freezes the clock ``strftime_now`` reads."""
+        clock = {} if now is None else {"strftime_now": frozen_clock(now)}
         try:
             return self._compiled.render(
                 **self.variables,
                 **options,
+                **clock,
                 messages=messages,
                 tools=tools or None,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
             )
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template {self.name!r}: {exc}") from None
+        except Exception as exc:  # template code can fail like any code (None + str, ...)
+            raise TemplateError(
+                f"chat template {self.name!r}: {type(exc).__name__}: {exc}"
+            ) from None
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.name!r})"

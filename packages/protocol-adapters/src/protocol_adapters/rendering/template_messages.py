@@ -1,9 +1,21 @@
-"""Neutral messages and tools in the dict shape Hugging Face chat templates expect."""
+"""Neutral messages and tools in the dict shape Hugging Face chat templates expect.
+
+Three conventions of transformers are followed, because published templates are written for them:
+
+- tool-call ``arguments`` are a mapping (templates write ``arguments | tojson``, or iterate over
+  ``arguments | items`` as Qwen3-Coder's does); the JSON text the client sent is passed only to a
+  template that prints arguments as they come (``ArgumentsForm.STRING``, decided by the audit), or
+  when it is not a JSON object;
+- a tool result carries the ``name`` of the function it answers (Hermes-style templates refuse one
+  without), taken from the call it answers when the client did not send one;
+- reasoning is ``reasoning_content``, aliased as ``thinking`` as transformers does.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -11,12 +23,37 @@ from protocol_adapters.types import AdapterError, ErrorKind
 from trajectory_tree import Media, Message, Reasoning, Text, ToolCall, ToolSpec
 
 
-def template_message(message: Message) -> dict[str, Any]:
-    """``{"role", "content", "reasoning_content"?, "tool_calls"?, "tool_call_id"?, "name"?}``.
+class ArgumentsForm(StrEnum):
+    """How a template receives tool-call arguments."""
 
-    Tool-call arguments stay the JSON *text* the client sent (templates print strings verbatim), so
-    rendering never re-serializes them.
-    """
+    MAPPING = "mapping"
+    """Decoded JSON objects: transformers' convention, what nearly every template expects."""
+    STRING = "string"
+    """The JSON text as the client sent it: for templates that print arguments verbatim."""
+
+
+def call_names(messages: Iterable[Message]) -> dict[str, str]:
+    """Tool-call id -> function name for every call the ``messages`` make."""
+    return {call.id: call.name for message in messages for call in message.tool_calls}
+
+
+def _arguments(text: str, form: ArgumentsForm) -> Any:
+    if form is ArgumentsForm.STRING:
+        return text
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def template_message(
+    message: Message,
+    arguments: ArgumentsForm = ArgumentsForm.MAPPING,
+    names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """``{"role", "content", "reasoning_content"?, "thinking"?, "tool_calls"?, "tool_call_id"?,
+    "name"?}``; ``names`` maps call ids to function names for tool results."""
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -30,7 +67,10 @@ def template_message(message: Message) -> dict[str, Any]:
                 {
                     "id": block.id,
                     "type": "function",
-                    "function": {"name": block.name, "arguments": block.arguments},
+                    "function": {
+                        "name": block.name,
+                        "arguments": _arguments(block.arguments, arguments),
+                    },
                 }
             )
         elif isinstance(block, Media):
@@ -40,18 +80,29 @@ def template_message(message: Message) -> dict[str, Any]:
             )
     out: dict[str, Any] = {"role": message.role, "content": "".join(text)}
     if any(reasoning):
-        out["reasoning_content"] = "".join(reasoning)
+        joined = "".join(reasoning)
+        out = {"thinking": joined, **out, "reasoning_content": joined}  # transformers' key order
     if calls:
         out["tool_calls"] = calls
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        out["name"] = message.name
+    name = message.name
+    if name is None and message.tool_call_id is not None and names:
+        name = names.get(message.tool_call_id)
+    if name is not None:
+        out["name"] = name
     return out
 
 
-def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    return [template_message(m) for m in messages]
+def template_messages(
+    messages: Sequence[Message],
+    arguments: ArgumentsForm = ArgumentsForm.MAPPING,
+    names: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Each message converted; tool results are named after the calls in ``messages`` (or in
+    ``names``, for calls made before them)."""
+    known = {**(names or {}), **call_names(messages)}
+    return [template_message(m, arguments, known) for m in messages]
 
 
 @lru_cache(maxsize=64)

@@ -7,7 +7,7 @@ without touching request handling. Reply parsers have their own interface
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from protocol_adapters.parsing.config import ParserConfig
@@ -16,13 +16,17 @@ from trajectory_tree import BridgedPrompt, FullPrompt, Prompt, Route, ToolSpec
 
 
 class RenderedPrompt(Protocol):
-    """The ids to send and how the tree should record them."""
+    """The ids to send, how the tree should record them, and notes the turn keeps about how
+    the prompt was made (the template's mode, a check's mismatch: ``TurnMeta.extra``)."""
 
     @property
     def ids(self) -> Sequence[int]: ...
 
     @property
     def prompt(self) -> BridgedPrompt | FullPrompt: ...
+
+    @property
+    def notes(self) -> Mapping[str, str]: ...
 
 
 class PromptRenderer(Protocol):

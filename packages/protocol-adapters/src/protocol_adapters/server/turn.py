@@ -244,6 +244,7 @@ class TurnRunner:
         side = side_request(self._config.side_requests, request)
         if side is not None:
             record[SIDE_REQUEST] = side
+        record.update(rendered.notes)
         return rendered, engine_request, record
 
     def _record(

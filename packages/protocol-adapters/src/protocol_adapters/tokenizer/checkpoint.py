@@ -4,16 +4,19 @@ A training run names its policy by checkpoint directory (slime's ``--hf-checkpoi
 adapter must tokenize exactly as that checkpoint does. Three files decide it:
 
 - ``tokenizer.json``: the fast tokenizer (vocabulary, merges, pre-tokenizer, added tokens);
-- ``tokenizer_config.json``: the special tokens (``bos_token``, ``eos_token``, ``pad_token``,
-  ``unk_token``, each a string or an ``AddedToken`` object with a ``content`` field) and, in
-  older checkpoints, ``chat_template`` (a string, or a list of ``{"name", "template"}`` entries
-  of which ``default`` is the chat template);
+- ``tokenizer_config.json``: the named special tokens (``bos_token``, ``eos_token``,
+  ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``, and the names an
+  ``extra_special_tokens`` mapping gives, each a string or an ``AddedToken`` object with a
+  ``content`` field) and, in older checkpoints, ``chat_template`` (a string, or a list of
+  ``{"name", "template"}`` entries of which ``default`` is the chat template);
 - ``chat_template.jinja``: where newer checkpoints keep the template; it wins over the config's,
   as it does in transformers.
 
 ``generation_config.json`` may list more ids that end generation (``eos_token_id``: Qwen3 lists
 ``<|im_end|>`` and ``<|endoftext|>``); together with ``eos_token`` they are the ids that end an
-assistant turn. The template sees the special tokens as variables, as transformers passes them.
+assistant turn. The template sees the named special tokens as variables, as transformers 5 passes
+them (``apply_chat_template`` renders with ``special_tokens_map``): a template that writes
+``bos_token`` or closes turns with ``eos_token`` renders here exactly as there.
 
 Every problem is a :class:`CheckpointError` naming the file and the field.
 """
@@ -32,8 +35,19 @@ from protocol_adapters.rendering.template import ChatTemplate, TemplateError
 
 from .vocabulary import Vocabulary
 
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
-"""The special tokens transformers hands a chat template as variables (when set)."""
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+"""The named special tokens transformers hands a chat template as variables (when set)."""
+EXTRA_SPECIAL_TOKENS = "extra_special_tokens"
+"""A mapping of more named special tokens (multimodal checkpoints: ``image_token`` ...); a list
+there names none and reaches no template."""
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -53,9 +67,31 @@ class Checkpoint:
     vocabulary: Vocabulary
     template: ChatTemplate
     special_tokens: Mapping[str, str]
-    """``bos_token`` ... ``pad_token`` as set in ``tokenizer_config.json`` (unset ones absent)."""
+    """The named special tokens set in ``tokenizer_config.json`` (``bos_token`` ...; unset ones
+    absent): the variables the chat template renders with."""
     stop_tokens: tuple[str, ...]
     """The tokens that end an assistant turn: ``eos_token`` and generation_config's ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateSource:
+    """A checkpoint's chat template as text, the file it came from, and the named special
+    tokens it renders with."""
+
+    text: str
+    where: Path
+    special_tokens: Mapping[str, str]
+
+
+def chat_template_source(directory: Path) -> TemplateSource:
+    """The chat template and special tokens of the checkpoint in ``directory``, without loading
+    its tokenizer (``protocol-adapters check-template`` judges the template alone)."""
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    config = _json_object(directory / CONFIG_FILE)
+    special = _special_tokens(directory / CONFIG_FILE, config)
+    text, where = _template_source(directory, config)
+    return TemplateSource(text, where, special)
 
 
 def load_checkpoint(directory: Path) -> Checkpoint:
@@ -106,16 +142,23 @@ def _json_object(path: Path) -> dict[str, Any]:
 
 
 def _special_tokens(path: Path, config: Mapping[str, Any]) -> dict[str, str]:
+    extra = config.get(EXTRA_SPECIAL_TOKENS)
+    named: dict[str, Any] = {name: config.get(name) for name in SPECIAL_TOKEN_NAMES}
+    if isinstance(extra, Mapping):
+        named.update({str(k): v for k, v in extra.items() if k not in named})
+    elif extra is not None and not isinstance(extra, list):
+        raise CheckpointError(
+            f"{path}: {EXTRA_SPECIAL_TOKENS} must map names to tokens (or list tokens), "
+            f"got {extra!r}"
+        )
     tokens: dict[str, str] = {}
-    for name in SPECIAL_TOKEN_NAMES:
-        value = config.get(name)
-        if isinstance(value, Mapping):  # a serialized AddedToken
-            value = value.get("content")
+    for name, value in named.items():
         if value is None:
             continue
-        if not isinstance(value, str) or not value:
+        text = value.get("content") if isinstance(value, Mapping) else value  # an AddedToken
+        if not isinstance(text, str) or not text:
             raise CheckpointError(f"{path}: {name} must be a token's text, got {value!r}")
-        tokens[name] = value
+        tokens[name] = text
     return tokens
 
 
@@ -142,7 +185,13 @@ def _stop_tokens(directory: Path, tokenizer: Tokenizer, eos: str) -> tuple[str, 
 def _template_source(directory: Path, config: Mapping[str, Any]) -> tuple[str, Path]:
     jinja = directory / TEMPLATE_FILE
     if jinja.is_file():
-        return jinja.read_text("utf-8"), jinja
+        try:
+            source = jinja.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{jinja}: not readable as UTF-8 text ({exc})") from None
+        if not source.strip():
+            raise CheckpointError(f"{jinja}: empty")
+        return source, jinja
     where = directory / CONFIG_FILE
     template = config.get("chat_template")
     if isinstance(template, list):
@@ -151,8 +200,13 @@ def _template_source(directory: Path, config: Mapping[str, Any]) -> tuple[str, P
             for entry in template
             if isinstance(entry, Mapping)
         }
-        template = named.get("default")
-    if not isinstance(template, str) or not template:
+        if "default" not in named:
+            listed = ", ".join(repr(n) for n in named) or "none"
+            raise CheckpointError(
+                f"{where}: chat_template lists no 'default' template (names: {listed})"
+            )
+        template = named["default"]
+    if not isinstance(template, str) or not template.strip():
         raise CheckpointError(
             f"{where}: chat_template is missing (and there is no {TEMPLATE_FILE}): the adapter "
             "renders prompts with the checkpoint's own template"

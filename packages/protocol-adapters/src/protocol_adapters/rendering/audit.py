@@ -1,0 +1,462 @@
+"""The template audit: can the bridge serve this chat template exactly, and if not, why.
+
+Run once when a renderer is built (and by ``protocol-adapters check-template``). It drives
+coding-agent conversations (:mod:`.scenarios`) through the template, with and without tools, and
+simulates the bridge on them turn by turn, at the text level: each request's bridged text (the
+template's render of the history so far, the new messages rendered after a probe, the generation
+prompt) is compared with the template's own render of that request. It asks:
+
+- for each message that can precede an assistant turn, is the generation prompt a prefix of that
+  assistant turn as history renders it (else every bridged prompt carries text history never
+  repeats: a deviation);
+- does a later message rewrite or move earlier text (the tool list moved into the last user
+  message, reasoning dropped, tool results folded into the model's turn, a header every render
+  ends with): a rewrite, only full renders give the template's prompts;
+- does rendering depend on the clock (``strftime_now``): the renderer then freezes it per session;
+- which conversations it refuses (several tool calls in one turn, a system message after the
+  first), how it wants tool-call arguments (a mapping or the JSON text), and whether it drops
+  what the model must see (unusable).
+
+The simulated model output of each turn is the template's own rendering of that reply, so the
+audit judges the template, not a model; what a real model writes differently is the runtime
+check's business (:mod:`.check`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+
+from trajectory_tree import Message, Prompt, ToolCall, ToolSpec
+
+from .conversation import USER, Slot, TemplateContext, bridge_text
+from .scenarios import (
+    ARGUMENT_VALUE,
+    CALL_A,
+    CALL_B,
+    TOOLS,
+    TOOLS_MARKER,
+    agent,
+    arguments_probe,
+    marker,
+    parallel_calls,
+    system_note,
+)
+from .template import ChatTemplate, TemplateError
+from .template_messages import ArgumentsForm, call_names, template_messages, template_tools
+from .verdict import Finding, FindingKind, TemplateAudit
+
+AUDIT_NOW = datetime(2024, 7, 26, 9, 30, 0)
+"""The clock every audit render sees, so that findings never depend on when the audit ran."""
+LATER_NOW = datetime(2031, 12, 13, 23, 59, 59)
+"""A second clock: a template whose text changes between the two prints the time."""
+
+_EXCERPT = 40
+
+PARALLEL_CALLS_REFUSED = "refuses assistant turns with several tool calls"
+GENERATION_PROMPT_DIFFERS = "the generation prompt is not how history renders the assistant turn"
+SYSTEM_NOTES_REFUSED = "refuses system messages after the first"
+
+
+def audit_template(template: ChatTemplate) -> TemplateAudit:
+    """The audit of ``template`` (cached per source and variables: building many renderers for
+    one template audits it once)."""
+    return _audit(template.name, template.source, tuple(sorted(template.variables.items())))
+
+
+@lru_cache(maxsize=32)
+def _audit(name: str, source: str, variables: tuple[tuple[str, object], ...]) -> TemplateAudit:
+    return _Auditor(ChatTemplate(name, source, dict(variables))).run()
+
+
+def audit_source(name: str, source: str, variables: Mapping[str, str]) -> TemplateAudit:
+    """The audit of template text, including the verdict on text that does not compile."""
+    try:
+        template = ChatTemplate(name, source, variables)
+    except TemplateError as exc:
+        return TemplateAudit(name, (Finding(FindingKind.FATAL, "does not compile", str(exc)),))
+    return audit_template(template)
+
+
+def _excerpt(text: str, at: int) -> str:
+    return repr(text[max(0, at - _EXCERPT // 2) : at + _EXCERPT])
+
+
+def _common_prefix(a: str, b: str) -> int:
+    limit = min(len(a), len(b))
+    for index in range(limit):
+        if a[index] != b[index]:
+            return index
+    return limit
+
+
+def _describe(messages: Sequence[Message], index: int) -> str:
+    message = messages[index]
+    if message.role == "assistant":
+        calls = len(message.tool_calls)
+        if calls > 1:
+            return f"an assistant turn with {calls} tool calls"
+        return "an assistant turn with a tool call" if calls else "an assistant reply"
+    if message.role == "tool":
+        return "a tool result"
+    if message.role == "system":
+        return "a system message after the first" if index else "a leading system message"
+    return "a user message"
+
+
+class _Auditor:
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
+        self.findings: dict[tuple[FindingKind, str], Finding] = {}
+        self.arguments = ArgumentsForm.MAPPING
+
+    def add(self, finding: Finding) -> None:
+        self.findings.setdefault((finding.kind, finding.feature), finding)
+
+    def context(self, tools: Sequence[ToolSpec]) -> TemplateContext:
+        return TemplateContext(self.template, Prompt((), tuple(tools)), self.arguments, AUDIT_NOW)
+
+    def result(self, *, time_dependent: bool = False, parallel: bool = True) -> TemplateAudit:
+        return TemplateAudit(
+            self.template.name,
+            tuple(self.findings.values()),
+            self.arguments,
+            time_dependent,
+            parallel,
+        )
+
+    def run(self) -> TemplateAudit:
+        plain = agent(reasoning=False)
+        for tools in (TOOLS, ()):
+            refused = self.refusal(self.context(tools), plain)
+            if refused is not None:
+                feature = f"refuses an ordinary agent conversation at {refused[0]}"
+                self.add(Finding(FindingKind.FATAL, feature, refused[1]))
+                return self.result()
+        self.arguments = self.arguments_form()
+        self.content(plain)
+        if any(f.kind is FindingKind.FATAL for f in self.findings.values()):
+            return self.result()
+        time_dependent = self.clock()
+        for tools in (TOOLS, ()):
+            context = self.context(tools)
+            self.simulate(context, plain)
+            self.simulate(context, agent(reasoning=True))
+        parallel = self.optional(
+            parallel_calls(), PARALLEL_CALLS_REFUSED, "assistant turns with several tool calls"
+        )
+        self.optional(system_note(), SYSTEM_NOTES_REFUSED, "system messages after the first")
+        return self.result(time_dependent=time_dependent, parallel=parallel)
+
+    # -- what the template accepts and keeps ------------------------------------------------------
+
+    def refusal(
+        self, context: TemplateContext, messages: Sequence[Message]
+    ) -> tuple[str, str] | None:
+        """None if the template renders every request of ``messages`` and every history that
+        ends in a reply; else the first message it refuses, described, and its own words."""
+        names = call_names(messages)
+        for end in range(1, len(messages) + 1):
+            replied = messages[end - 1].role == "assistant"
+            if not replied and end < len(messages) and messages[end].role != "assistant":
+                continue  # no request ends here
+            try:
+                context.render(messages[:end], add_generation_prompt=not replied, names=names)
+            except TemplateError as exc:
+                return _describe(messages, end - 1), str(exc)
+        return None
+
+    def optional(self, messages: Sequence[Message], refusal: str, feature: str) -> bool:
+        """Simulate a conversation with a feature agents use but a template may refuse or
+        rewrite. Either is a limit: such requests get a clear error, or a counted full render."""
+        for tools in (TOOLS, ()):
+            context = self.context(tools)
+            refused = self.refusal(context, messages)
+            if refused is not None:
+                self.add(Finding(FindingKind.LIMIT, refusal, refused[1]))
+                return False
+            self.simulate(context, messages, optional=feature)
+        return True
+
+    def arguments_form(self) -> ArgumentsForm:
+        """A mapping (transformers' convention), unless the template prints a mapping as Python
+        (``{'command': ...}``) where the JSON text renders as JSON."""
+        messages = arguments_probe()
+        text = {form: self.render_or_empty(messages, form) for form in ArgumentsForm}
+        mapping = json.loads(messages[1].tool_calls[0].arguments)
+        as_json = json.dumps(mapping, ensure_ascii=False)
+        printed_as_python = repr(mapping) in text[ArgumentsForm.MAPPING]
+        shown = ARGUMENT_VALUE in text[ArgumentsForm.MAPPING] and not printed_as_python
+        if not shown and as_json in text[ArgumentsForm.STRING]:
+            return ArgumentsForm.STRING
+        if not shown:
+            self.add(Finding(FindingKind.FATAL, "drops tool-call arguments"))
+        return ArgumentsForm.MAPPING
+
+    def render_or_empty(self, messages: Sequence[Message], form: ArgumentsForm) -> str:
+        context = TemplateContext(self.template, Prompt((), TOOLS), form, AUDIT_NOW)
+        try:
+            return context.render(messages, add_generation_prompt=True)
+        except TemplateError:
+            return ""
+
+    def content(self, plain: Sequence[Message]) -> None:
+        """What the model must see is in the render; some omissions are only worth a note."""
+        context = self.context(TOOLS)
+        text = context.render(plain, add_generation_prompt=True, names=call_names(plain))
+        required = {
+            "drops the system prompt": ("S0",),
+            "drops user messages": ("U1", "U7", "U9"),
+            "drops assistant replies": ("A6", "A8"),
+            "drops tool results": ("T3", "T5"),
+            "does not render the tool list": ("tools",),
+        }
+        for feature, names in required.items():
+            missing = [name for name in names if marker(name) not in text]
+            if missing:
+                self.add(Finding(FindingKind.FATAL, feature, f"missing: {', '.join(missing)}"))
+        if _command(CALL_B) not in text:  # a turn that is only a call
+            self.add(Finding(FindingKind.FATAL, "drops tool calls"))
+        kept = "a reply with both keeps it in the bridged prompt; the runtime check records it"
+        if marker("A2") not in text:
+            self.add(
+                Finding(FindingKind.NOTE, "does not render text that comes with a tool call", kept)
+            )
+        if _command(CALL_A) not in text:
+            self.add(
+                Finding(FindingKind.NOTE, "does not render a tool call that comes with text", kept)
+            )
+        thinking = agent(reasoning=True)[:3]  # a reply with reasoning and a call, just made
+        rendered = context.render(thinking, add_generation_prompt=False)
+        if marker("R2") not in rendered:
+            self.add(
+                Finding(
+                    FindingKind.NOTE,
+                    "does not render reasoning",
+                    "a reply's reasoning stays only in the bridged prompt; the runtime check "
+                    "records it",
+                )
+            )
+
+    def clock(self) -> bool:
+        """Whether the text depends on the time ``strftime_now`` reports."""
+        for tools in (TOOLS, ()):
+            for system in (True, False):
+                messages = agent(reasoning=False, system=system)
+                renders = [
+                    self.template.render_raw(
+                        template_messages(messages, self.arguments),
+                        template_tools(tuple(tools)),
+                        {},
+                        add_generation_prompt=True,
+                        now=now,
+                    )
+                    for now in (AUDIT_NOW, LATER_NOW)
+                ]
+                if renders[0] != renders[1]:
+                    at = _common_prefix(*renders)
+                    self.add(
+                        Finding(
+                            FindingKind.NOTE,
+                            "prints the current time (strftime_now): frozen at each session's "
+                            "start",
+                            f"e.g. {_excerpt(renders[0], at)}",
+                        )
+                    )
+                    return True
+        return False
+
+    # -- the bridge, simulated --------------------------------------------------------------------
+
+    def simulate(
+        self, context: TemplateContext, messages: Sequence[Message], optional: str = ""
+    ) -> None:
+        """Drive ``messages`` through the bridge request by request (a request ends where an
+        assistant turn follows, or at the end) and compare with the template's renders.
+        ``optional`` names the feature the conversation exists for: the bridge declining its
+        requests (a counted full render) is then a limit, not a verdict."""
+        names = call_names(messages)
+        ends = [
+            n
+            for n in range(1, len(messages) + 1)
+            if messages[n - 1].role != "assistant"
+            and (n == len(messages) or messages[n].role == "assistant")
+        ]
+        sent = ""  # the template's prompt of the previous request
+        generation_at = 0  # where its generation prompt starts
+        reply: int | None = None  # index of the assistant turn that answered it
+        for end in ends:
+            last = Slot.of(messages, end - 1, names)
+            try:
+                generation = context.generation_prompt(last)
+            except ValueError:
+                feature = f"the generation prompt after a {last.role} message is not an append"
+                self.add(Finding(FindingKind.REWRITE, feature))
+                return
+            full = context.render(messages[:end], add_generation_prompt=True, names=names)
+            previous: Slot | None = None
+            history, start = "", 0
+            if reply is not None:
+                history = context.render(
+                    messages[: reply + 1], add_generation_prompt=False, names=names
+                )
+                previous, start = Slot.of(messages, reply, names), reply + 1
+                if not history.startswith(sent):
+                    self.add(self.replied(context, sent, generation_at, history, messages, reply))
+                closing = context.assistant_tail()
+                if not history.endswith(closing):
+                    self.add(self.unclosed(history, closing, messages, reply))
+            new = messages[start:end]
+            bridged = bridge_text(context, previous, new, last, names)
+            if bridged is None:
+                earlier = context.base_text(previous)
+                later = context.render_after(previous, new, gen=True, names=names)
+                finding = self.rewrite(context, earlier, later, messages[:start], new)
+                if optional and (finding.kind, finding.feature) not in self.findings:
+                    finding = Finding(
+                        FindingKind.LIMIT,
+                        f"renders requests with {optional} in full",
+                        f"the template {finding.feature}",
+                    )
+                self.add(finding)
+            else:
+                text = history + bridged.body + bridged.generation
+                at = _common_prefix(text, full)
+                if at < len(history):
+                    self.add(self.rewrite(context, history, full, messages[:start], new))
+                elif text != full:
+                    self.add(
+                        Finding(
+                            FindingKind.REWRITE,
+                            "renders new messages differently after the real history than "
+                            "after a probe",
+                            f"bridged {_excerpt(text, at)}, template {_excerpt(full, at)}",
+                        )
+                    )
+            sent, generation_at = full, len(full) - len(generation)
+            reply = end if end < len(messages) else None
+
+    def replied(
+        self,
+        context: TemplateContext,
+        prompt: str,
+        generation_at: int,
+        history: str,
+        messages: Sequence[Message],
+        reply: int,
+    ) -> Finding:
+        """The template's prompt for a request is not a prefix of its render of the history
+        that adds the reply: what was sent and generated differs from what history shows."""
+        at = _common_prefix(prompt, history)
+        if at < generation_at:
+            return self.rewrite(context, prompt, history, messages[:reply], messages[reply:])
+        generation = prompt[generation_at:]
+        shown = history[generation_at : generation_at + len(generation) + _EXCERPT // 2]
+        role = messages[reply - 1].role
+        return Finding(
+            FindingKind.DEVIATION,
+            f"{GENERATION_PROMPT_DIFFERS} (after a {role} message)",
+            f"prompt ends {generation!r}, history renders {shown!r}",
+        )
+
+    def unclosed(
+        self, history: str, closing: str, messages: Sequence[Message], reply: int
+    ) -> Finding:
+        """History renders a reply without the closing the model ends its turns with: the bridge
+        keeps the model's end token and adds the rest of the closing, the template does not."""
+        if reply + 1 < len(messages) and messages[reply + 1].role == "tool":
+            return Finding(
+                FindingKind.REWRITE,
+                "renders tool results inside the model's turn",
+                f"its closing {closing!r} comes after them, not after the model's calls",
+            )
+        return Finding(
+            FindingKind.REWRITE,
+            f"does not close {_describe(messages, reply)} as it closes a reply",
+            f"history ends {history[-_EXCERPT:]!r}, a reply ends {closing!r}",
+        )
+
+    def rewrite(
+        self,
+        context: TemplateContext,
+        earlier: str,
+        later: str,
+        before: Sequence[Message],
+        new: Sequence[Message],
+    ) -> Finding:
+        """``earlier`` (the render of ``before``) is not a prefix of ``later`` (after ``new``
+        arrived): name the rewrite when it is a known one."""
+        at = _common_prefix(earlier, later)
+        reasoning = [marker(f"R{i}") for i in (2, 4, 6, 8)]
+        if any(m in earlier and m not in later for m in reasoning):
+            return Finding(
+                FindingKind.DEVIATION,
+                "drops the reasoning of earlier assistant turns once a later message arrives",
+                "bridged prompts keep the model's reasoning where the template's render drops it",
+            )
+        suffix = earlier[at:]
+        if suffix and context.base_text(USER).endswith(suffix):
+            return Finding(
+                FindingKind.REWRITE,
+                "ends every render with an assistant header, even without add_generation_prompt",
+                f"{suffix!r} is replaced by the next message",
+            )
+        tail = context.assistant_tail()
+        result = later.find(next(iter(_markers(new[0])), "\u2063")) if new else -1
+        if (
+            before
+            and before[-1].role == "assistant"
+            and new[0].role == "tool"
+            and tail
+            and result >= at
+            and tail not in later[at:result]
+        ):
+            return Finding(
+                FindingKind.REWRITE,
+                "renders tool results inside the model's turn",
+                f"its closing {tail!r} comes after them, not after the model's calls",
+            )
+        for index, message in enumerate(new):
+            for moved in _markers(message):
+                found = later.find(moved)
+                if found >= 0 and earlier[at:] and earlier[at:] in later[found:]:
+                    return Finding(
+                        FindingKind.REWRITE,
+                        f"moves {_describe((*before, *new), len(before) + index)} before "
+                        "earlier messages",
+                        f"rendered inside {_excerpt(later, found)}",
+                    )
+        if earlier.find(TOOLS_MARKER) != later.find(TOOLS_MARKER):
+            return Finding(
+                FindingKind.REWRITE,
+                "moves the tool list as messages arrive (into the last user message)",
+                f"{_excerpt(earlier, at)} becomes {_excerpt(later, at)}",
+            )
+        after = _describe_last(before) if before else "the conversation's start"
+        return Finding(
+            FindingKind.REWRITE,
+            f"rewrites earlier text when messages follow {after}",
+            f"{_excerpt(earlier, at)} becomes {_excerpt(later, at)}",
+        )
+
+
+def _markers(message: Message) -> list[str]:
+    """The audit markers in a scenario message's text."""
+    text = message.plain_text
+    parts = text.split("\u2063")
+    return [f"\u2063{parts[i]}\u2063" for i in range(1, len(parts) - 1, 2)]
+
+
+def _describe_last(messages: Sequence[Message]) -> str:
+    return _describe(messages, len(messages) - 1)
+
+
+def _command(call: ToolCall) -> str:
+    """The scenario calls' one argument, as any rendering of the call must show it."""
+    return str(json.loads(call.arguments)["command"])
+
+
+def _json_text(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
