@@ -7,12 +7,38 @@ from enum import StrEnum
 
 
 class ToolCallFormat(StrEnum):
-    """Tool-call markup inside ``<tool_call>...</tool_call>``."""
+    """How a model family writes tool calls (markers in :mod:`.syntax`, bodies in
+    :mod:`.tool_markup`)."""
 
     HERMES_JSON = "hermes_json"
-    """Qwen3 / Hermes: ``{"name": ..., "arguments": {...}}``."""
+    """Qwen3 / Hermes: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
     QWEN3_CODER_XML = "qwen3_coder_xml"
-    """Qwen3-Coder: ``<function=name><parameter=p>value</parameter></function>``."""
+    """Qwen3-Coder: ``<tool_call><function=name><parameter=p>value</parameter></function>``."""
+    GLM45 = "glm45"
+    """GLM-4.5/4.6: ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>``."""
+    LLAMA_JSON = "llama_json"
+    """Llama 3.1-4 JSON tool calling: the whole reply is ``{"name": ..., "parameters": {...}}``
+    (optionally after ``<|python_tag|>``; several separated by ``;``)."""
+    MISTRAL = "mistral"
+    """Mistral: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`` to the end of the reply,
+    or ``[TOOL_CALLS]name[ARGS]{...}`` per call (newer tokenizers)."""
+    DEEPSEEK = "deepseek"
+    """DeepSeek V3 / R1 / V3.1 / V3.2: a calls section ``<|tool calls begin|>`` ...
+    ``<|tool calls end|>`` of ``<|tool call begin|>name<|tool sep|>{...}<|tool call end|>``
+    (V3.1+; or ``function<|tool sep|>name`` and a json code block, V3 and R1). The real markers
+    are single tokens spelled with full-width bars and ``▁`` for spaces (:mod:`.tool_markup`)."""
+
+
+SGLANG_TOOL_PARSERS = {
+    ToolCallFormat.HERMES_JSON: "qwen25",
+    ToolCallFormat.QWEN3_CODER_XML: "qwen3_coder",
+    ToolCallFormat.GLM45: "glm45",
+    ToolCallFormat.LLAMA_JSON: "llama3",
+    ToolCallFormat.MISTRAL: "mistral",
+    ToolCallFormat.DEEPSEEK: "deepseekv31",
+}
+"""SGLang's ``--tool-call-parser`` name for each format (``sglang_tool_parser`` overrides it:
+``deepseekv3`` for V3 / R1, ``llama4`` for Llama 4, ``glm`` in newer SGLang releases)."""
 
 
 class ParserBackend(StrEnum):
@@ -28,11 +54,16 @@ class ParserBackend(StrEnum):
 class ParserConfig:
     """``starts_in_reasoning``: the generation prompt already opened ``<think>`` (thinking-only
     checkpoints), so output is reasoning until ``</think>``. The ``sglang_*`` names are SGLang's
-    ``--tool-call-parser`` / ``--reasoning-parser`` values, used only by the SGLang backend."""
+    ``--tool-call-parser`` / ``--reasoning-parser`` values, used only by the SGLang backend;
+    ``sglang_tool_parser`` defaults to the one for ``tool_format``."""
 
     tool_format: ToolCallFormat = ToolCallFormat.HERMES_JSON
     reasoning: bool = True
     starts_in_reasoning: bool = False
     backend: ParserBackend = ParserBackend.BUILTIN
-    sglang_tool_parser: str = "qwen25"
+    sglang_tool_parser: str | None = None
     sglang_reasoning_parser: str = "qwen3"
+
+    @property
+    def sglang_tool_parser_name(self) -> str:
+        return self.sglang_tool_parser or SGLANG_TOOL_PARSERS[self.tool_format]

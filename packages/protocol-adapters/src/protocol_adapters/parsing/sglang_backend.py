@@ -3,8 +3,9 @@
 SGLang is a GPU-node dependency (importing it pulls torch), so nothing here imports it until a
 parser is built. Its gotcha: when a tool call has malformed JSON or names an unknown tool, its
 detectors return no call *and drop the text*. We keep our guarantee around it: SGLang's result
-is used only when it accounts for every ``<tool_call>`` marker in the reply; otherwise the
-built-in parser's result (malformed markup kept as text and counted) is returned instead.
+is used only when it accounts for every call the built-in parser sees in the reply (parsed or
+malformed); otherwise the built-in parser's result (malformed markup kept as text and counted)
+is returned instead.
 
 SGLang's detectors are used on the whole reply at its end: a stream from this backend releases
 its events at :meth:`BufferedReplyStream.finish`, not token by token.
@@ -25,7 +26,7 @@ from trajectory_tree import ToolCall, ToolSpec
 from .builtin import BuiltinReplyParser
 from .config import ParserConfig
 from .decode import strip_stop_ids
-from .stream import CALL_OPEN, assemble, events_of
+from .stream import assemble, events_of
 from .tool_markup import CallIdFactory, new_call_id
 
 _REASONING_MODULES = ("sglang.srt.parser.reasoning_parser", "sglang.srt.reasoning_parser")
@@ -78,6 +79,8 @@ class SGLangReplyParser:
         return BufferedReplyStream(self)
 
     def parse_text(self, text: str) -> ParsedReply:
+        builtin = self._builtin.parse_text(text)
+        expected = len(builtin.message.tool_calls) + builtin.malformed_tool_calls
         events: list[ReplyEvent] = []
         normal = text
         if self.config.reasoning:
@@ -90,14 +93,14 @@ class SGLangReplyParser:
                 events.append(ReasoningDelta(reasoning.strip("\n")))
         calls: list[Any] = []
         rest = normal
-        if self._sglang_tools and CALL_OPEN in normal:
+        if self._sglang_tools and expected:
             parser = self._function_call_cls(
-                tools=self._sglang_tools, tool_call_parser=self.config.sglang_tool_parser
+                tools=self._sglang_tools, tool_call_parser=self.config.sglang_tool_parser_name
             )
             rest, calls = parser.parse_non_stream(normal)
-        if len(calls) < normal.count(CALL_OPEN):
+        if len(calls) < expected:
             # SGLang dropped a malformed or unknown-tool call together with its text.
-            return self._builtin.parse_text(text)
+            return builtin
         if rest and rest.strip("\n"):
             events.append(TextDelta(rest.strip("\n")))
         events.extend(

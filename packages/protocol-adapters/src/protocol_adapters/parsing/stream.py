@@ -1,13 +1,14 @@
 """The built-in streaming reply parser: text deltas in, ReplyEvents out as soon as they are certain.
 
-One small state machine over three modes (text, reasoning, inside a tool call) and four markers
-(``<think>``, ``</think>``, ``<tool_call>``, ``</tool_call>``). Text is released immediately except
-a tail that could still become a marker (``<tool`` ...) and a run of newlines that may turn out to
-be template whitespace. Newlines touching a marker or the ends of the reply are the template's
-layout (``<think>\\n``, ``\\n</think>\\n\\n``, ``\\n<tool_call>``), not content, and are dropped;
-every other character reaches the client. A tool call is released when its closing marker
-arrives; one that does not parse, or is cut off by the end of the reply, is released as text and
-counted in ``malformed``: never dropped.
+One small state machine over three modes (text, reasoning, inside a tool-call block) and the
+markers of the configured format (``<think>``, ``</think>``, and the call markers of
+:mod:`.syntax`). Text is released immediately except a tail that could still become a marker
+(``<tool`` ...) and a run of newlines that may turn out to be template whitespace. Newlines
+touching a marker or the ends of the reply are the template's layout (``<think>\\n``,
+``\\n</think>\\n\\n``, ``\\n<tool_call>``), not content, and are dropped; every other character
+reaches the client. A call block is released when its closing marker arrives (or, for formats
+whose calls run to the end of the reply, at the end); one that does not parse, or is cut off by
+the end of the reply, is released as text and counted in ``malformed``: never dropped.
 
 Because the final message is assembled from exactly the events the client streamed, the echo a
 client sends back is the message the tree recorded, however the output was chunked.
@@ -23,12 +24,11 @@ from protocol_adapters.types import ParsedReply, ReasoningDelta, ReplyEvent, Tex
 from trajectory_tree import Block, Message, Reasoning, Text, ToolCall, ToolSpec
 
 from .config import ParserConfig
-from .tool_markup import CallIdFactory, new_call_id, parse_tool_call
+from .syntax import SYNTAX
+from .tool_markup import CallIdFactory, looks_like_llama_call, new_call_id, parse_tool_calls
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
 
 
 class _Mode(Enum):
@@ -76,6 +76,7 @@ class ReplyStream:
         call_id: CallIdFactory = new_call_id,
     ) -> None:
         self.config = config or ParserConfig()
+        self._syntax = SYNTAX[self.config.tool_format]
         self._tools = {t.name: t for t in tools}
         self._call_id = call_id
         reasoning_first = self.config.reasoning and self.config.starts_in_reasoning
@@ -85,6 +86,9 @@ class ReplyStream:
         self._at_start = True
         # <think> opens reasoning only as the first thing in a reply (whitespace aside).
         self._think_possible = self.config.reasoning and not reasoning_first
+        # A reply that is a call (Llama's JSON) starts with one, once any reasoning is over.
+        self._leading_possible = bool(self._syntax.leading)
+        self._opened = ""  # the marker the current call block began with
         self._finished = False
         self._events: list[ReplyEvent] = []
         self.malformed = 0
@@ -106,10 +110,14 @@ class ReplyStream:
         self._finished = True
         out: list[ReplyEvent] = []
         self._drain(out, final=True)
-        if self._mode is _Mode.CALL:  # cut off inside a tool call: keep it, as text
-            self.malformed += 1
-            out.append(TextDelta(CALL_OPEN + self._buffer))
-            self._buffer = ""
+        if self._mode is _Mode.CALL:
+            if self._syntax.close is None:  # the block runs to the end of the reply
+                body, self._buffer = self._buffer, ""
+                self._close_call(body, out)
+            else:  # cut off inside a call: keep it, as text
+                self.malformed += 1
+                out.append(TextDelta(self._opened + self._buffer))
+                self._buffer = ""
         self._events.extend(out)
         return out
 
@@ -122,7 +130,23 @@ class ReplyStream:
     # -- the state machine ----------------------------------------------------------------------
 
     def _markers(self) -> tuple[str, ...]:
-        return (THINK_CLOSE,) if self._mode is _Mode.REASONING else (CALL_OPEN,)
+        if self._mode is _Mode.REASONING:
+            return (THINK_CLOSE,)
+        return (self._syntax.open,) if self._syntax.open else ()
+
+    def _opens_with_call(self, *, final: bool) -> bool | None:
+        """At the start of the text: True if the reply is a call block (entered, its prefix
+        kept for the body parser), None if too early to tell, False once it cannot be."""
+        stripped = self._buffer.lstrip()
+        if stripped.startswith(self._syntax.leading):
+            self._buffer = stripped
+            self._leading_possible = False
+            self._mode, self._opened = _Mode.CALL, ""
+            return True
+        if not final and any(prefix.startswith(stripped) for prefix in self._syntax.leading):
+            return None
+        self._leading_possible = False
+        return False
 
     def _opens_with_think(self, *, final: bool) -> bool | None:
         """At the start of a reply: True if it opens reasoning (consumed), None if it is too
@@ -141,15 +165,22 @@ class ReplyStream:
     def _drain(self, out: list[ReplyEvent], *, final: bool) -> None:
         while True:
             if self._mode is _Mode.CALL:
-                end = self._buffer.find(CALL_CLOSE)
+                close = self._syntax.close
+                end = self._buffer.find(close) if close is not None else -1
                 if end < 0:
                     return
                 body = self._buffer[:end]
-                self._buffer = self._buffer[end + len(CALL_CLOSE) :]
+                self._buffer = self._buffer[end + len(close or "") :]
                 self._close_call(body, out)
                 continue
             if self._think_possible and self._opens_with_think(final=final) is None:
                 return
+            if self._mode is _Mode.TEXT and self._leading_possible:
+                opened = self._opens_with_call(final=final)
+                if opened is None:
+                    return
+                if opened:
+                    continue
             markers = self._markers()
             found = _earliest(self._buffer, markers)
             if found is not None:
@@ -168,21 +199,25 @@ class ReplyStream:
         self._at_start = True
         if marker == THINK_OPEN:
             self._mode = _Mode.REASONING
-        elif marker == CALL_OPEN:
-            self._mode = _Mode.CALL
-        else:
+        elif marker == THINK_CLOSE:
             self._mode = _Mode.TEXT
+            self._leading_possible = bool(self._syntax.leading)
+        else:
+            self._mode, self._opened = _Mode.CALL, marker
 
     def _close_call(self, body: str, out: list[ReplyEvent]) -> None:
-        call = parse_tool_call(self.config.tool_format, body.strip(), self._call_id(), self._tools)
-        if call is None:
-            self.malformed += 1
-            out.append(TextDelta(CALL_OPEN + body + CALL_CLOSE))
-        else:
-            out.append(ToolCallDone(call))
+        syntax = self._syntax
+        calls = parse_tool_calls(self.config.tool_format, body.strip(), self._call_id, self._tools)
         self._mode = _Mode.TEXT
         self._at_start = True
         self._newlines = 0
+        if calls is not None:
+            out.extend(ToolCallDone(call) for call in calls)
+        elif self._opened or looks_like_llama_call(body):
+            self.malformed += 1
+            out.append(TextDelta(self._opened + body + (syntax.close or "")))
+        else:  # a reply that only looked like a call from its first character: plain text
+            self._emit(body, out)
 
     def _emit(self, text: str, out: list[ReplyEvent]) -> None:
         if not text:

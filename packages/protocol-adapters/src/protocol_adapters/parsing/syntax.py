@@ -1,0 +1,44 @@
+"""Where tool calls sit in a reply, per format: the markers that open and close a call block.
+
+The stream parser (:mod:`.stream`) finds blocks with these; :mod:`.tool_markup` reads their
+bodies. Three shapes cover the families:
+
+- marked blocks (``<tool_call>...</tool_call>``, a DeepSeek calls section): released as soon as
+  the closing marker arrives;
+- a block that runs to the end of the reply (Mistral's ``[TOOL_CALLS]``): released at the end;
+- a reply that *is* the call (Llama's JSON): a reply opening with ``{`` or ``<|python_tag|>`` is
+  held to its end, then read as calls, or released as the text it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ToolCallFormat
+from .tool_markup import MISTRAL_CALLS, PYTHON_TAG
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+DEEPSEEK_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+DEEPSEEK_CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+
+
+@dataclass(frozen=True, slots=True)
+class CallSyntax:
+    """``open`` starts a block anywhere in the text (empty: never); ``close`` ends it (None: the
+    reply's end does); ``leading``: prefixes that make the whole reply one block when it starts
+    with them (whitespace aside)."""
+
+    open: str
+    close: str | None
+    leading: tuple[str, ...] = ()
+
+
+SYNTAX = {
+    ToolCallFormat.HERMES_JSON: CallSyntax(CALL_OPEN, CALL_CLOSE),
+    ToolCallFormat.QWEN3_CODER_XML: CallSyntax(CALL_OPEN, CALL_CLOSE),
+    ToolCallFormat.GLM45: CallSyntax(CALL_OPEN, CALL_CLOSE),
+    ToolCallFormat.DEEPSEEK: CallSyntax(DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END),
+    ToolCallFormat.MISTRAL: CallSyntax(MISTRAL_CALLS, None),
+    ToolCallFormat.LLAMA_JSON: CallSyntax("", None, leading=(PYTHON_TAG, "{")),
+}
