@@ -31,6 +31,7 @@ from trajectory_tree import (
     SessionTree,
     Text,
     ToolSpec,
+    TurnMeta,
 )
 
 SPECIAL = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}
@@ -110,7 +111,8 @@ class ChatSession:
         parsed = BuiltinReplyParser(tools=self.tools).parse_ids(ids, self.vocabulary)
         assert parsed.malformed_tool_calls == 0
         completion = Completion(ids, [-0.5] * len(ids), FinishReason.STOP)
-        turn = self.tree.record(route, rendered.prompt, completion, parsed.message)
+        meta = TurnMeta(extra=dict(rendered.notes))  # as the server records them
+        turn = self.tree.record(route, rendered.prompt, completion, parsed.message, meta)
         assert list(self.tree.prompt_ids(turn)) == rendered.ids
         self.messages.append(parsed.message)
         return parsed.message

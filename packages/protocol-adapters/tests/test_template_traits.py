@@ -44,6 +44,7 @@ from trajectory_tree import (
     Prompt,
     SessionTree,
     linearize,
+    summarize,
 )
 
 from .template_session import (
@@ -149,6 +150,10 @@ def test_generation_prompt_that_history_never_renders_is_refused_or_served_as_st
         )
     assert session.renderer.stats.mismatches == 0
     assert session.renderer.stats.kept_outputs == 6
+    # Every one is counted, with its reason, in the session's summary.
+    counted = summarize(session.tree).prompt_mismatches
+    assert sum(counted.values()) == 6
+    assert all("generation prompt is not how the template renders" in r for r in counted)
 
     full = serve(small, chat, TemplateMode.FULL_RENDER)
     agent_session(full)

@@ -19,7 +19,14 @@ def test_summary_counts_a_busy_session() -> None:
     s.turn(prompt(*after), reply("ok"), full="template drops reasoning")  # re-rendered
     s.turn(prompt(*after), reply("again"))  # retry of turn 1 on the new lineage
     s.turn(prompt(user("title?"), tools=()), reply("T"), meta=TurnMeta(side_request=True))
-    s.turn(prompt(sys, user("other")), reply("x"), output=[1, 2], finish=FinishReason.ABORT)
+    mismatch = TurnMeta(extra={"prompt_mismatch": "turn 0's output is kept verbatim"})
+    s.turn(
+        prompt(sys, user("other")),
+        reply("x"),
+        output=[1, 2],
+        finish=FinishReason.ABORT,
+        meta=mismatch,
+    )
     lin = check_session(s)
     summary = summarize(s.tree, lin)
     turns = s.tree.turns
@@ -43,6 +50,7 @@ def test_summary_counts_a_busy_session() -> None:
     assert (summary.aborted_turns, summary.rerendered_turns) == (1, 1)
     assert summary.side_requests == 1
     assert summary.max_prompt_tokens == max(t.prompt_length for t in turns)
+    assert summary.prompt_mismatches == {"turn 0's output is kept verbatim": 1}
     as_dict = summary.as_dict()
     assert as_dict["excluded_tokens"] == {
         "aborted": 2,
@@ -63,7 +71,9 @@ def test_summary_counts_a_busy_session() -> None:
         "side_requests",
         "rerendered_turns",
         "max_prompt_tokens",
+        "prompt_mismatches",
     ]
+    assert as_dict["prompt_mismatches"] == {"turn 0's output is kept verbatim": 1}
 
 
 def test_summary_counts_what_the_limited_linearization_trains() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ._linearize import Linearization, linearize
 from ._reasons import FinishReason, LossReason
 from ._tree import SessionTree
+from ._turns import PROMPT_MISMATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,9 @@ class SessionSummary:
     trained."""
     rerendered_turns: int
     max_prompt_tokens: int
+    prompt_mismatches: dict[str, int]
+    """Turns whose prompt the renderer found different from the chat template's own render of
+    the same conversation, by the reason it recorded (``TurnMeta.extra["prompt_mismatch"]``)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -44,6 +49,7 @@ class SessionSummary:
             "side_requests": self.side_requests,
             "rerendered_turns": self.rerendered_turns,
             "max_prompt_tokens": self.max_prompt_tokens,
+            "prompt_mismatches": dict(sorted(self.prompt_mismatches.items())),
         }
 
 
@@ -69,4 +75,7 @@ def summarize(tree: SessionTree, linearization: Linearization | None = None) -> 
         side_requests=sum(1 for t in turns if t.meta.side_request),
         rerendered_turns=sum(1 for t in turns if t.rerendered is not None),
         max_prompt_tokens=max((t.prompt_length for t in turns), default=0),
+        prompt_mismatches=dict(
+            Counter(r for t in turns if (r := t.meta.extra.get(PROMPT_MISMATCH)) is not None)
+        ),
     )

@@ -35,12 +35,19 @@ class Completion:
                 raise InvalidTurn(f"logprob {lp!r} is not a log-probability")
 
 
+PROMPT_MISMATCH = "prompt_mismatch"
+"""The ``TurnMeta.extra`` key of a prompt-mismatch reason (written by a renderer)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TurnMeta:
     """Request metadata worth keeping next to the tokens.
 
     ``side_request`` marks calls that are not the policy's work (a session title, say): their
-    output is kept for audit and never trained. ``agent_id`` tells sub-agents apart.
+    output is kept for audit and never trained. ``agent_id`` tells sub-agents apart. ``extra``
+    holds the rest as strings; its :data:`PROMPT_MISMATCH` entry, the reason a renderer found
+    this turn's prompt different from its chat template's own render, is counted by
+    :func:`~trajectory_tree.summarize`.
     """
 
     request_id: str = ""

@@ -75,7 +75,8 @@ TEMPLATE_DEVIATIONS = "template_deviations"
 TEMPLATE_CLOCK = "template_clock"
 """Turn note: the instant a time-dependent template sees for the whole session (ISO 8601)."""
 PROMPT_MISMATCH = "prompt_mismatch"
-"""Turn note: why the check found the bridged prompt different from the template's render."""
+"""Turn note: why the check found the bridged prompt different from the template's render
+(the key ``trajectory_tree.summarize`` counts in ``SessionSummary.prompt_mismatches``)."""
 
 
 class PromptTooLong(Exception):
