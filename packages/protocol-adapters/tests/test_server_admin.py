@@ -141,7 +141,7 @@ async def test_a_close_that_fails_to_serialize_keeps_the_session(
     body = {"model": "p", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     failures = [RuntimeError("disk on fire")]
 
-    def dumps_once_broken(tree: SessionTree) -> str:
+    async def tree_json_once_broken(tree: SessionTree) -> str:
         if failures:
             raise failures.pop()
         return dumps(tree)
@@ -149,7 +149,7 @@ async def test_a_close_that_fails_to_serialize_keeps_the_session(
     async with admin_stack(tokenizer_cache, qwen_vocabulary) as (stack, http, admin_url):
         token = await open_session(http, admin_url)
         await sdk_post(stack, "anthropic", token, body)
-        monkeypatch.setattr(admin_module, "dumps", dumps_once_broken)
+        monkeypatch.setattr(admin_module, "tree_json", tree_json_once_broken)
         async with http.delete(f"{admin_url}/admin/sessions/{token}", headers=BEARER) as r:
             assert r.status == 500
         async with http.get(f"{admin_url}/admin/sessions/{token}/tree", headers=BEARER) as r:

@@ -18,6 +18,7 @@ from protocol_adapters.types import AdapterError, ErrorKind, NeutralRequest, Usa
 
 from .config import AdapterConfig
 from .sessions import Session, SessionRegistry
+from .timing import TurnTimings, start_clock
 from .turn import READ_HEADERS, Finished, Generated, Started, TurnRunner
 from .workers import Workers
 
@@ -31,6 +32,7 @@ RUNNER_KEY = web.AppKey("runner", TurnRunner)
 SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
 CONFIG_KEY = web.AppKey("config", AdapterConfig)
 WORKERS_KEY = web.AppKey("workers", Workers)
+TIMINGS_KEY = web.AppKey("timings", TurnTimings)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -119,6 +121,9 @@ def _session(request: web.Request) -> Session:
 
 def model_handler(dialect: Dialect) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
+        timings = request.app.get(TIMINGS_KEY)
+        clock = None if timings is None else start_clock()
+        response: web.StreamResponse
         try:
             session = _session(request)
             headers = read_headers(request)
@@ -134,10 +139,19 @@ def model_handler(dialect: Dialect) -> Handler:
                     dialect.new_response_id(),
                     outcome.logprobs,
                 )
-                return web.json_response(payload)
-            return await _stream(request, dialect, runner, session, neutral, headers)
+                response = web.json_response(payload)
+                if clock is not None:  # written here, so the flush can be timed
+                    await response.prepare(request)
+                    await response.write_eof()
+            else:
+                response = await _stream(request, dialect, runner, session, neutral, headers)
         except AdapterError as exc:
             return error_json(dialect, exc.kind, exc.message, exc.param)
+        if timings is not None and clock is not None and response.status == 200:
+            timing = clock.finish(dialect.name, neutral.stream)
+            if timing is not None:
+                timings.record(timing)
+        return response
 
     return handle
 
@@ -262,15 +276,22 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(
-    config: AdapterConfig, runner: TurnRunner, sessions: SessionRegistry, workers: Workers
+    config: AdapterConfig,
+    runner: TurnRunner,
+    sessions: SessionRegistry,
+    workers: Workers,
+    timings: TurnTimings | None = None,
 ) -> web.Application:
     """The agent-facing application; serve it with :class:`AdapterServer` (handler cancellation
-    on). It has no session API: ``/admin/...`` is a 404 here (see ``admin.py``)."""
+    on). It has no session API: ``/admin/...`` is a 404 here (see ``admin.py``). With
+    ``timings``, each answered model call's timing is recorded there (``timing.py``)."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[unexpected_errors])
     app[RUNNER_KEY] = runner
     app[SESSIONS_KEY] = sessions
     app[CONFIG_KEY] = config
     app[WORKERS_KEY] = workers
+    if timings is not None:
+        app[TIMINGS_KEY] = timings
     app.router.add_post("/v1/messages", model_handler(ANTHROPIC))
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_post("/v1/chat/completions", model_handler(OPENAI_CHAT))

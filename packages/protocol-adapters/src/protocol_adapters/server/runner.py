@@ -17,6 +17,7 @@ from .app import create_app
 from .config import AdapterConfig
 from .ports import ParserFactory, PromptRenderer
 from .sessions import ContextTooLarge, Session, SessionRegistry
+from .timing import TimedEngine, TurnTimings
 from .turn import TurnRunner
 from .workers import Workers
 
@@ -30,7 +31,9 @@ class AdapterServer:
 
     Handler cancellation is on: when a client disconnects, its handler is cancelled and the
     engine request behind it is aborted. With ``config.admin`` set, the session API listens on
-    a second socket of its own (``server.admin_url``), never on the agent-facing one.
+    a second socket of its own (``server.admin_url``), never on the agent-facing one. With a
+    ``timings`` recorder, every answered model call's latency split (what the adapter added
+    before and after the engine) is recorded in it (see ``timing.py``).
     """
 
     def __init__(
@@ -41,13 +44,16 @@ class AdapterServer:
         vocabulary: Vocabulary,
         parsers: ParserFactory,
         sessions: SessionRegistry | None = None,
+        timings: TurnTimings | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.sessions = sessions or SessionRegistry(config.limits)
         self.workers = Workers(config.large_bodies)
-        self.runner = TurnRunner(config, engine, renderer, vocabulary, parsers, self.workers)
-        self.app = create_app(config, self.runner, self.sessions, self.workers)
+        self.timings = timings
+        timed = engine if timings is None else TimedEngine(engine)
+        self.runner = TurnRunner(config, timed, renderer, vocabulary, parsers, self.workers)
+        self.app = create_app(config, self.runner, self.sessions, self.workers, timings)
         self.admin_app = (
             None
             if config.admin is None
