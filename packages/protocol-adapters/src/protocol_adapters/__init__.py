@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from protocol_adapters.parsing.config import ParserConfig, ToolCallFormat
     from protocol_adapters.rendering.renderer import Renderer, RendererConfig
     from protocol_adapters.rendering.template import ChatTemplate, qwen3_template
+    from protocol_adapters.rendering.verdict import TemplateMode, TemplateRefused
     from protocol_adapters.server.config import AdapterConfig, AdminConfig, RolloutSampling
     from protocol_adapters.server.ports import reply_parsers
     from protocol_adapters.server.runner import AdapterServer
@@ -70,6 +71,8 @@ __all__ = [
     "Session",
     "SessionLimits",
     "SideRequestRule",
+    "TemplateMode",
+    "TemplateRefused",
     "ToolCallFormat",
     "Vocabulary",
     "load_checkpoint",
@@ -94,6 +97,7 @@ _HOMES = {
     "protocol_adapters.parsing.config": ("ParserConfig", "ToolCallFormat"),
     "protocol_adapters.rendering.renderer": ("Renderer", "RendererConfig"),
     "protocol_adapters.rendering.template": ("ChatTemplate", "qwen3_template"),
+    "protocol_adapters.rendering.verdict": ("TemplateMode", "TemplateRefused"),
     "protocol_adapters.server.config": ("AdapterConfig", "AdminConfig", "RolloutSampling"),
     "protocol_adapters.server.ports": ("reply_parsers",),
     "protocol_adapters.server.runner": ("AdapterServer",),
