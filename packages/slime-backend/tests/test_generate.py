@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import shutil
 import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -341,6 +342,22 @@ def _without(args: SimpleNamespace, name: str) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
+def _user_only_template(checkpoint: Path) -> str:
+    """A copy of the checkpoint whose chat template renders only user messages (the bridge
+    cannot serve it in any mode)."""
+    copy = checkpoint.parent / "user-only"
+    if not copy.exists():
+        shutil.copytree(checkpoint, copy)
+        config = json.loads((copy / "tokenizer_config.json").read_text())
+        config["chat_template"] = (
+            "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>user\n{{ m.content }}"
+            "<|im_end|>\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
+        (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(copy)
+
+
 BAD_ARGS = [
     (
         lambda a, c: _without(a, "hf_checkpoint"),
@@ -349,6 +366,10 @@ BAD_ARGS = [
     (
         lambda a, c: SimpleNamespace(**{**vars(a), "hf_checkpoint": str(c.parent / "missing")}),
         r"^args\.hf_checkpoint: .*missing: not a directory",
+    ),
+    (
+        lambda a, c: SimpleNamespace(**{**vars(a), "hf_checkpoint": _user_only_template(c)}),
+        r"(?s)^args\.hf_checkpoint: chat template .* is unusable.*drops assistant replies",
     ),
     (lambda a, c: _without(a, "sglang_router_port"), r"^args\.sglang_router_port: is not set"),
     (

@@ -233,7 +233,7 @@ BAD = [
     (_set("ray.env", {"A": 1}), r"ray\.env\.A: expected a string, got int 1"),
     (_set("episode.generate", "run"), r"episode\.generate: expected a dotted path"),
     (_set("episode.grace_s", 0), r"episode\.grace_s: must be a positive number"),
-    (_set("rollout.tool_call_parser", "llama3"), r"rollout\.tool_call_parser: 'llama3' is not"),
+    (_set("rollout.tool_call_parser", "kimi_k2"), r"rollout\.tool_call_parser: 'kimi_k2' is not"),
     (_set("rollout.reasoning_parser", "kimi"), r"rollout\.reasoning_parser: 'kimi' is not"),
     (_set("conversion.staleness.action", "drop"), r"conversion\.staleness\.action: expected"),
     (

@@ -30,6 +30,14 @@ TOOL_CALL_PARSERS = {
     "qwen": "hermes_json",
     "hermes": "hermes_json",
     "qwen3_coder": "qwen3_coder_xml",
+    "glm45": "glm45",
+    "glm": "glm45",
+    "llama3": "llama_json",
+    "llama4": "llama_json",
+    "mistral": "mistral",
+    "deepseekv3": "deepseek",
+    "deepseekv31": "deepseek",
+    "deepseekv32": "deepseek",
 }
 """SGLang ``--tool-call-parser`` names -> the adapters' tool-call format (same markup)."""
 
@@ -89,6 +97,7 @@ class RolloutArgs:
         reasoning = self.reasoning_parser
         return ParserConfig(
             tool_format=ToolCallFormat(TOOL_CALL_PARSERS[self.tool_call_parser]),
+            sglang_tool_parser=self.tool_call_parser,
             reasoning=reasoning is not None,
             starts_in_reasoning=reasoning is not None and REASONING_PARSERS[reasoning],
         )

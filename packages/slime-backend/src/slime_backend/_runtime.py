@@ -41,6 +41,7 @@ from protocol_adapters import (
     SessionLimits,
     SGLangConfig,
     SGLangEngine,
+    TemplateRefused,
     load_checkpoint,
     reply_parsers,
 )
@@ -131,11 +132,19 @@ class AdapterRuntime:
                 max_turns=settings.episode.max_turns, context_tokens=args.max_context_len
             ),
         )
-        renderer = Renderer(
-            checkpoint.vocabulary,
-            checkpoint.template,
-            RendererConfig(check_sample_rate=settings.adapter.check_sample_rate),
-        )
+        try:
+            renderer = Renderer(
+                checkpoint.vocabulary,
+                checkpoint.template,
+                RendererConfig(
+                    check_sample_rate=settings.adapter.check_sample_rate,
+                    mode=settings.adapter.template_mode,
+                ),
+            )
+        except TemplateRefused as exc:
+            raise ConfigError(
+                "args.hf_checkpoint", f"{exc}\n(agent_rl.adapter.template_mode chooses the mode)"
+            ) from None
         server = AdapterServer(
             config,
             self._tap,

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from protocol_adapters import TemplateMode
+
 from ._conversion import ConversionOptions
 from ._gates import GateConfig
 from ._slime_api import NAMESPACE
@@ -92,13 +94,17 @@ class AdapterSettings:
     sandboxes forward that port; a fixed port serves one sampling configuration, so evaluation
     with other sampling settings needs port 0). ``check_sample_rate``: the share of bridged
     turns proven against a full render of the chat template. ``engine_connections``: pooled
-    connections to slime's router, one per concurrently generating turn.
+    connections to slime's router, one per concurrently generating turn. ``template_mode``: how
+    to serve a checkpoint's chat template the bridge cannot reproduce exactly (``exact`` refuses
+    it before any episode; ``accept-deviations`` and ``full-render`` serve it, recorded on every
+    turn; see protocol-adapters' docs/chat-templates.md).
     """
 
     host: str = "127.0.0.1"
     port: int = 0
     check_sample_rate: float = 0.01
     engine_connections: int = 512
+    template_mode: TemplateMode = TemplateMode.EXACT
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
