@@ -309,9 +309,8 @@ def check_artifacts(member: Member, version: str, files: list[Path]) -> str:
     problems = [p for f in files for p in check_artifact(member, version, f)]
     if problems:
         raise ReleaseError("; ".join(problems))
-    return (
-        f"{', '.join(f.name for f in files)}: readme renders, LICENSE, py.typed, no tests, bounds"
-    )
+    names = ", ".join(f.name for f in files)
+    return f"{names}: readme renders, LICENSE, py.typed, no tests, lower bounds"
 
 
 # -- publishing ---------------------------------------------------------------------------------
