@@ -77,6 +77,18 @@ async def load_checkpoint_off_loop(path: str) -> Checkpoint:
         raise ConfigError("args.hf_checkpoint", f"{exc} (slime's --hf-checkpoint)") from None
 
 
+def engine_config(args: RolloutArgs, settings: BackendSettings) -> SGLangConfig:
+    """The SGLang client for slime's router, with the adapter settings' pool and timeouts."""
+    adapter = settings.adapter
+    return SGLangConfig(
+        base_url=args.router_url,
+        connect_timeout=adapter.engine_connect_timeout,
+        request_timeout=adapter.engine_request_timeout,
+        stream_idle_timeout=adapter.engine_stream_idle_timeout,
+        max_connections=adapter.engine_connections,
+    )
+
+
 class AdapterRuntime:
     """One process's adapter (see the module docstring)."""
 
@@ -115,12 +127,7 @@ class AdapterRuntime:
     async def _start(self, checkpoint: Checkpoint, sampling: RolloutSampling) -> AdapterServer:
         args, settings = self.setup.args, self.setup.settings
         if self._tap is None:
-            self._engine = SGLangEngine(
-                SGLangConfig(
-                    base_url=args.router_url,
-                    max_connections=settings.adapter.engine_connections,
-                )
-            )
+            self._engine = SGLangEngine(engine_config(args, settings))
             self._tap = EngineTap(self._engine)
             atexit.register(self._close_at_exit)
         config = AdapterConfig(

@@ -15,13 +15,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from protocol_adapters import TemplateMode
+from protocol_adapters import SGLangConfig, TemplateMode
 
 from ._conversion import ConversionOptions
 from ._gates import GateConfig
 from ._slime_api import NAMESPACE
 from ._typed_config import FieldError, from_mapping, to_mapping
 
+_ENGINE = SGLangConfig("http://router")
+"""The SGLang client's defaults, which the adapter settings keep unless told otherwise."""
 _DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
@@ -94,7 +96,10 @@ class AdapterSettings:
     sandboxes forward that port; a fixed port serves one sampling configuration, so evaluation
     with other sampling settings needs port 0). ``check_sample_rate``: the share of bridged
     turns proven against a full render of the chat template. ``engine_connections``: pooled
-    connections to slime's router, one per concurrently generating turn. ``template_mode``: how
+    connections to slime's router, one per concurrently generating turn.
+    ``engine_connect_timeout`` / ``engine_request_timeout`` / ``engine_stream_idle_timeout``:
+    seconds to connect to the router (counted while the event loop runs), for a whole generation,
+    and between two streamed chunks (protocol-adapters' ``SGLangConfig``). ``template_mode``: how
     to serve a checkpoint's chat template the bridge cannot reproduce exactly (``exact`` refuses
     it before any episode; ``accept-deviations`` and ``full-render`` serve it, recorded on every
     turn; see protocol-adapters' docs/chat-templates.md).
@@ -104,6 +109,9 @@ class AdapterSettings:
     port: int = 0
     check_sample_rate: float = 0.01
     engine_connections: int = 512
+    engine_connect_timeout: float = _ENGINE.connect_timeout
+    engine_request_timeout: float = _ENGINE.request_timeout
+    engine_stream_idle_timeout: float = _ENGINE.stream_idle_timeout
     template_mode: TemplateMode = TemplateMode.EXACT
 
     def __post_init__(self) -> None:
@@ -118,6 +126,14 @@ class AdapterSettings:
             raise FieldError(
                 "engine_connections", f"must be positive, got {self.engine_connections}"
             )
+        for name in (
+            "engine_connect_timeout",
+            "engine_request_timeout",
+            "engine_stream_idle_timeout",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise FieldError(name, f"must be a positive number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
