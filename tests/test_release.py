@@ -161,16 +161,9 @@ def test_release_uploads_tags_and_pip_installs_by_name_and_version(
     assert git(checkout, "tag") == ""
     assert index_files(index) == []
 
-    published = release(
-        checkout,
-        "trajectory-tree",
-        "0.2.0",
-        "--publish",
-        "--repository-url",
-        index.upload_url,
-        "--token",
-        TOKEN,
-    )
+    config = tmp_path / "release.toml"  # outside the repository: a token never belongs in one
+    config.write_text(f'[publish]\nrepository-url = "{index.upload_url}"\ntoken = "{TOKEN}"\n')
+    published = release(checkout, "trajectory-tree", "0.2.0", "--publish", "--config", str(config))
     assert published.returncode == 0, published.stdout + published.stderr
     assert index_files(index) == [
         "agent_rl_trajectory_tree-0.2.0-py3-none-any.whl",
@@ -280,6 +273,10 @@ def test_release_refuses_before_uploading_what_breaks_the_rules(
         assert "alone: mypy" not in result.stdout  # stopped before the slow steps
     assert index_files(index) == []
     assert git(checkout, "tag") == ""
+
+    tokenless = release(checkout, "trajectory-tree", "0.1.0", "--publish")
+    assert tokenless.returncode == 1
+    assert "--publish needs --token or a config file" in tokenless.stderr
 
     app = release(checkout, "swe-rl", "0.1.0")
     assert app.returncode == 1
