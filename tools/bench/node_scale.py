@@ -23,11 +23,16 @@ runs the episodes and their sandboxes, as slime-backend's generate function does
 close brings the tree back as JSON, which the driver reads off its loop).
 
 Per row: episodes per hour; CPU seconds per episode of the sandboxes (the CLI, its tools, git,
-grading: every process reaped under the sandboxes), of the driver process and of the adapter
-(in ``loop`` placement the two share one process: the driver column holds both); the event
+grading: every process reaped under the sandboxes), of Claude Code's own process (sampled from
+/proc every 0.2 s), of the driver process and of the adapter (in ``loop`` placement the two
+share one process: the driver column holds both), and driver + adapter as a share of the CLI's
+own CPU; the event
 loop's lag (a 10 ms sleep's overshoot, sampled all along) in the driver and, in ``process``
-placement, in the adapter; the adapter-added latency per turn (request in -> engine call, plus
-engine's last token -> last byte flushed: ``protocol_adapters.server.timing``); the longest
+placement, in the adapter (``--adapter-nice`` gives that process a scheduling priority, and
+``--adapter-loop uvloop`` runs it on uvloop); the adapter-added latency per turn (body read ->
+engine call, plus engine's last token -> last byte flushed: ``protocol_adapters.server.timing``)
+and, apart, the time from a request's headers to its whole body (the sandbox's relay, which
+runs in the driver, and the agent set that pace, not the adapter); the longest
 garbage collection in the driver; processes left after the run (the bench is a child
 subreaper, so any orphan of a sandbox comes back to it), sandbox state directories left, and
 the adapter's 5xx and 529 answers. Every figure depends on the machine's load: the header and
@@ -53,6 +58,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -149,6 +155,7 @@ class AdapterStats:
     """What the adapter saw during one row."""
 
     added_ms: list[float] = field(default_factory=list)
+    body_ms: list[float] = field(default_factory=list)
     statuses: Counter[int] = field(default_factory=Counter)
     lag_ms: list[float] = field(default_factory=list)
     cpu_s: float | None = None
@@ -206,10 +213,15 @@ async def adapter(
 
 
 def serve_adapter(
-    conn: multiprocessing.connection.Connection, engine_url: str, loop_kind: str, admin: str
+    conn: multiprocessing.connection.Connection,
+    engine_url: str,
+    loop_kind: str,
+    admin: str,
+    priority: int,
 ) -> None:
     """The adapter in a process of its own until told to stop; sends its URLs, then its
-    :class:`AdapterStats`."""
+    :class:`AdapterStats`. ``priority``: its nice value (negative: ahead of the CLIs)."""
+    os.setpriority(os.PRIO_PROCESS, 0, priority)
     vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(TOKENIZER_CACHE))
 
     async def main() -> AdapterStats:
@@ -220,7 +232,8 @@ def serve_adapter(
             conn.send((server.url, server.admin_url))
             await asyncio.get_running_loop().run_in_executor(None, conn.recv)
             return AdapterStats(
-                [t.added * 1000 for t in timings.turns],
+                [t.processing * 1000 for t in timings.turns],
+                [t.reading_body * 1000 for t in timings.turns],
                 statuses,
                 await lag.stop(),
                 cpu_seconds(resource.RUSAGE_SELF) - cpu,
@@ -303,7 +316,9 @@ class Outcome:
 
 
 class Agent(Protocol):
-    async def __call__(self, placement: Placement, index: int) -> Outcome: ...
+    async def __call__(self, placement: Placement, index: int, name: str) -> Outcome:
+        """Episode ``index`` of a row, its session named ``name`` (unique in the run)."""
+        ...
 
 
 class ScriptedAgent:
@@ -313,8 +328,8 @@ class ScriptedAgent:
         self.backend = backend
         self.turns = turns
 
-    async def __call__(self, placement: Placement, index: int) -> Outcome:
-        session = await placement.open(f"scripted-{index}")
+    async def __call__(self, placement: Placement, index: int, name: str) -> Outcome:
+        session = await placement.open(name)
         try:
             port = int(session.base_url.rsplit(":", 1)[1])
             spec = SandboxSpec(network=ForwardedEndpoint("127.0.0.1", port))
@@ -351,10 +366,10 @@ class ClaudeAgent:
     async def prepare(self) -> None:
         await self.agent.install(self.install)
 
-    async def __call__(self, placement: Placement, index: int) -> Outcome:
-        from slime_backend.episode import AdapterSession, Budgets
+    async def __call__(self, placement: Placement, index: int, name: str) -> Outcome:
+        from slime_backend import AdapterSession, Budgets
 
-        session = await placement.open(f"claude-{index}")
+        session = await placement.open(name)
         try:
             outcome = await self.episode(
                 self.tasks[index % len(self.tasks)]["metadata"],
@@ -381,11 +396,13 @@ class Row:
     failed: int
     turns: int
     sandbox_cpu_s: float
+    cli_cpu_s: float
     driver_cpu_s: float
     adapter_cpu_s: float | None
     driver_lag_ms: list[float]
     adapter_lag_ms: list[float]
     added_ms: list[float]
+    body_ms: list[float]
     gc_max_ms: float
     processes_left: int
     state_left: int
@@ -416,6 +433,46 @@ def children(exclude: set[int]) -> list[str]:
         if int(parent) == me and b"resource_tracker" not in cmdline:
             found.append(f"{entry} {state} {command}")
     return found
+
+
+class CliCpu:
+    """The CPU time of every process named ``claude`` (Claude Code's binary), sampled from
+    /proc every 0.2 s on a thread; a process's last 0.2 s before it exits are missed. The
+    thread's own CPU is kept apart (``own_s``) so the driver's figure can leave it out."""
+
+    def __init__(self, name: str = "claude") -> None:
+        self.name = name
+        self.seen: dict[int, int] = {}
+        self.own_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> float:
+        """CPU seconds of the processes seen."""
+        self._stop.set()
+        self._thread.join()
+        return sum(self.seen.values()) / self._ticks
+
+    def _run(self) -> None:
+        started = time.thread_time()
+        while not self._stop.wait(0.2):
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if stat[stat.index("(") + 1 : stat.rindex(")")] != self.name:
+                    continue
+                fields = stat[stat.rindex(")") + 2 :].split()
+                ticks = int(fields[11]) + int(fields[12])  # utime, stime
+                self.seen[int(entry)] = max(self.seen.get(int(entry), 0), ticks)
+        self.own_s = time.thread_time() - started
 
 
 class GcTimer:
@@ -460,13 +517,15 @@ async def run_row(
             conn, child = multiprocessing.get_context("spawn").Pipe()
             process = multiprocessing.get_context("spawn").Process(
                 target=serve_adapter,
-                args=(child, engine_url, options.adapter_loop, ADMIN_TOKEN),
+                args=(child, engine_url, options.adapter_loop, ADMIN_TOKEN, options.adapter_nice),
             )
             process.start()
             keep.add(process.pid or 0)
             url, admin_url = await asyncio.to_thread(conn.recv)
             placement = OwnProcess(http, url, admin_url)
         lag.start()
+        cli = CliCpu()
+        cli.start()
         gc.callbacks.append(gc_timer)
         load = os.getloadavg()[0]
         self_cpu, children_cpu = (
@@ -475,16 +534,25 @@ async def run_row(
         )
         started = time.monotonic()
         outcomes = await asyncio.gather(
-            *(agent(placement, index) for index in range(episodes)), return_exceptions=True
+            *(
+                agent(placement, index, f"{agent_name}-{placement_name}-{episodes}-{index}")
+                for index in range(episodes)
+            ),
+            return_exceptions=True,
         )
         wall = time.monotonic() - started
-        driver_cpu = cpu_seconds(resource.RUSAGE_SELF) - self_cpu
+        cli_cpu = cli.stop()
+        driver_cpu = cpu_seconds(resource.RUSAGE_SELF) - self_cpu - cli.own_s
         sandbox_cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - children_cpu
         gc.callbacks.remove(gc_timer)
         driver_lag = await lag.stop()
         load = max(load, os.getloadavg()[0])
         if placement_name == "loop":
-            stats = AdapterStats([t.added * 1000 for t in timings.turns], statuses)
+            stats = AdapterStats(
+                [t.processing * 1000 for t in timings.turns],
+                [t.reading_body * 1000 for t in timings.turns],
+                statuses,
+            )
         else:
             assert conn is not None
             conn.send("stop")
@@ -509,11 +577,13 @@ async def run_row(
         len([o for o in outcomes if isinstance(o, BaseException) or not o.ok]),
         sum(o.turns for o in outcomes if isinstance(o, Outcome)),
         sandbox_cpu,
+        cli_cpu,
         driver_cpu,
         stats.cpu_s,
         driver_lag,
         stats.lag_ms,
         stats.added_ms,
+        stats.body_ms,
         gc_timer.longest * 1000,
         len(left),
         len(list(state_root.iterdir())),
@@ -547,6 +617,8 @@ def row_cells(row: Row) -> list[str]:
         else "-"
     )
     errors = sum(n for status, n in row.statuses.items() if status >= 500)
+    mine = row.driver_cpu_s + (row.adapter_cpu_s or 0.0)
+    ours = f"{100 * mine / row.cli_cpu_s:.0f}%" if row.cli_cpu_s else "-"
     return [
         row.agent,
         row.placement,
@@ -556,11 +628,16 @@ def row_cells(row: Row) -> list[str]:
         str(row.failed),
         f"{row.turns / per:.1f}",
         f"{row.sandbox_cpu_s / per:.2f}",
+        f"{row.cli_cpu_s / per:.2f}" if row.cli_cpu_s else "-",
         f"{row.driver_cpu_s / per:.2f}",
         adapter_cpu,
+        ours,
         lag_cell(row.driver_lag_ms),
         lag_cell(row.adapter_lag_ms),
         added,
+        f"{percentile(row.body_ms, 0.5):.1f} / {percentile(row.body_ms, 0.99):.1f}"
+        if row.body_ms
+        else "-",
         f"{row.gc_max_ms:.0f}",
         str(row.processes_left),
         str(row.state_left),
@@ -577,11 +654,14 @@ COLUMNS = [
     "failed",
     "turns/ep",
     "sandbox CPU s/ep",
+    "CLI CPU s/ep",
     "driver CPU s/ep",
     "adapter CPU s/ep",
+    "(driver+adapter)/CLI",
     "driver lag p50/p99/max ms",
     "adapter lag p50/p99/max ms",
     "added p50/p99 ms",
+    "body in p50/p99 ms",
     "driver GC max ms",
     "procs left",
     "state left",
@@ -663,6 +743,9 @@ def main() -> int:
     parser.add_argument("--episodes", type=csv(int), default=[1, 8, 32, 64])
     parser.add_argument("--placement", type=csv(str), default=["loop", "process"])
     parser.add_argument("--adapter-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument(
+        "--adapter-nice", type=int, default=0, help="the adapter process's nice value (root: < 0)"
+    )
     parser.add_argument("--turns", type=int, default=10, help="scripted agent's model calls")
     parser.add_argument("--engine-latency", type=float, default=0.2, help="seconds per answer")
     parser.add_argument("--budget", type=float, default=900.0, help="Claude Code's budget, s")
@@ -670,7 +753,8 @@ def main() -> int:
     console = Console(width=250)
     console.print(
         f"node_scale: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
-        f"adapter loop {options.adapter_loop}, engine latency {options.engine_latency}s; "
+        f"adapter loop {options.adapter_loop}, adapter nice {options.adapter_nice}, "
+        f"engine latency {options.engine_latency}s; "
         f"row: {' | '.join(COLUMNS)}",
         highlight=False,
     )

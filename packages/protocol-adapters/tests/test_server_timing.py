@@ -5,6 +5,7 @@ recorded, and a stream the client leaves early is still aborted on the engine.""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -70,10 +71,12 @@ async def test_each_answered_call_is_timed_around_the_engine(
     assert len(timings.turns) == 3
     for timing in timings.turns:
         assert (timing.dialect, timing.stream) == ("anthropic", stream)
-        assert timing.received <= timing.engine_called <= timing.engine_done <= timing.flushed
+        assert timing.received <= timing.body_read <= timing.engine_called
+        assert timing.engine_called <= timing.engine_done <= timing.flushed
         assert timing.engine_done - timing.engine_called >= LATENCY  # the engine's, not ours
         total = timing.flushed - timing.received
         assert timing.added == pytest.approx(total - (timing.engine_done - timing.engine_called))
+        assert timing.processing == pytest.approx(timing.added - timing.reading_body)
 
 
 async def test_without_a_recorder_the_engine_is_not_wrapped(qwen_vocabulary: Vocabulary) -> None:
@@ -108,3 +111,32 @@ async def test_a_timed_stream_left_early_is_still_aborted_on_the_engine(
             await asyncio.sleep(0.03)
     assert double.aborts == [double.requests[0].rid]
     assert list(timings.turns) == []  # not answered: not timed
+
+
+async def test_a_body_that_arrives_slowly_is_timed_as_reading_it(
+    qwen_vocabulary: Vocabulary,
+) -> None:
+    timings = TurnTimings()
+    pause = 0.3
+    body = json.dumps(
+        {"model": "p", "max_tokens": 16, "messages": [{"role": "user", "content": "slowly"}]}
+    ).encode()
+
+    async def in_two_parts() -> AsyncIterator[bytes]:
+        yield body[:10]
+        await asyncio.sleep(pause)  # a relay or a client that is slow to send the rest
+        yield body[10:]
+
+    async with timed_server(qwen_vocabulary, timings, Faults()) as (server, _):
+        token = server.sessions.open("slow").token
+        headers = {"x-api-key": token, "content-type": "application/json"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{server.url}/v1/messages", data=in_two_parts(), headers=headers) as r,
+        ):
+            assert r.status == 200, await r.text()
+    (timing,) = timings.turns
+    assert timing.reading_body >= pause
+    assert timing.before_engine - timing.reading_body == pytest.approx(
+        timing.engine_called - timing.body_read
+    )

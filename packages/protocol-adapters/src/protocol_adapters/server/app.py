@@ -8,6 +8,7 @@ takes the server down. The session token is whatever the client sends as its API
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -127,7 +128,10 @@ def model_handler(dialect: Dialect) -> Handler:
         try:
             session = _session(request)
             headers = read_headers(request)
-            neutral = await read_request(request, dialect)
+            raw = await read_body(request)
+            if clock is not None:
+                clock.body_read = time.perf_counter()
+            neutral = await request.app[WORKERS_KEY].decode(dialect.name, raw)
             runner = request.app[RUNNER_KEY]
             if not neutral.stream:
                 outcome = await runner.run(session, neutral, headers)

@@ -3,9 +3,10 @@
 Two spans of each answered call are the adapter's: from the request's arrival to the engine
 call (reading and decoding the body, routing, rendering, building the engine request), and from
 the engine's last token to the last byte written to the client (parsing, recording, encoding and
-flushing the answer). Everything between is the engine's. On a node whose event loop also runs
-episodes, both spans grow with every stall of that loop: they are what a placement decision and
-the node bench measure.
+flushing the answer). Everything between is the engine's. Reading the body is timed apart: it
+goes at the pace of the client and of whatever relays its bytes (a sandbox's forwarded port).
+On a node whose event loop also runs episodes, every span grows with every stall of that loop:
+they are what a placement decision and the node bench measure.
 
 The handler starts a clock in its task's context; :class:`TimedEngine`, wrapped around the
 engine, stamps the engine call and its last token in the same task; the handler stamps the
@@ -32,14 +33,26 @@ class TurnTiming:
     dialect: str
     stream: bool
     received: float
+    body_read: float
     engine_called: float
     engine_done: float
     flushed: float
 
     @property
+    def reading_body(self) -> float:
+        """Request in -> its whole body read: the client's and the network's pace (a sandbox's
+        relay included), not the adapter's work."""
+        return self.body_read - self.received
+
+    @property
     def before_engine(self) -> float:
         """Request in -> engine call."""
         return self.engine_called - self.received
+
+    @property
+    def processing(self) -> float:
+        """The adapter's own share: body read -> engine call, and last token -> flushed."""
+        return self.engine_called - self.body_read + self.after_engine
 
     @property
     def after_engine(self) -> float:
@@ -67,17 +80,19 @@ class Clock:
     """One call's timestamps so far (see the module docstring)."""
 
     received: float
+    body_read: float | None = None
     engine_called: float | None = None
     engine_done: float | None = None
 
     def finish(self, dialect: str, stream: bool) -> TurnTiming | None:
         """The call's timing, flushed now; ``None`` when it never reached the engine."""
-        if self.engine_called is None or self.engine_done is None:
+        if self.body_read is None or self.engine_called is None or self.engine_done is None:
             return None
         return TurnTiming(
             dialect,
             stream,
             self.received,
+            self.body_read,
             self.engine_called,
             self.engine_done,
             time.perf_counter(),
