@@ -26,8 +26,10 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,51 +239,41 @@ def tests_base(member: Member) -> dict[str, str]:
     return {} if relative else {"MYPYPATH": "tests"}
 
 
-def check_member(member: Member) -> dict[str, float]:
+@contextmanager
+def phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Time one part of a check into ``timings``, whether it passes or not."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = time.perf_counter() - start
+
+
+def check_member(member: Member, timings: dict[str, float]) -> None:
     """Lint, declared imports, mypy --strict of src and tests, tests: all in the member's env."""
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    run(*TOOL, "ruff", "check", str(member.path))
-    run(*TOOL, "ruff", "format", "--check", str(member.path))
-    timings["ruff"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    env = member_environment(member)
-    python = env / "bin" / "python"
-    timings["environment"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    print(f"-- declared imports of {member.name}", flush=True)
-    problems = undeclared_imports(member, python)
-    for problem in problems:
-        print(f"ci: {problem}", file=sys.stderr)
-    if problems:
-        raise CheckFailed(f"{member.name}: {len(problems)} undeclared import(s)")
-    timings["imports"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    mypy = [
-        *TOOL,
-        "mypy",
-        "--strict",
-        "--config-file",
-        str(ROOT / "pyproject.toml"),
-        "--python-executable",
-        str(python),
-        "--cache-dir",
-        str(env / ".mypy_cache"),
-    ]
-    run(*mypy, "src", cwd=member.path)
-    run(*mypy, "--explicit-package-bases", "tests", cwd=member.path, env=tests_base(member))
-    timings["mypy"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    # The root pytest settings name pytest-asyncio's options; a member without async tests
-    # rightly lacks the plugin, so that warning says nothing about the member.
-    quiet = "ignore:Unknown config option:pytest.PytestConfigWarning"
-    run(str(python), "-m", "pytest", "-W", quiet, str(member.path / "tests"))
-    timings["tests"] = time.perf_counter() - start
-    return timings
+    with phase(timings, "ruff"):
+        run(*TOOL, "ruff", "check", str(member.path))
+        run(*TOOL, "ruff", "format", "--check", str(member.path))
+    with phase(timings, "environment"):
+        env = member_environment(member)
+        python = env / "bin" / "python"
+    with phase(timings, "imports"):
+        print(f"-- declared imports of {member.name}", flush=True)
+        problems = undeclared_imports(member, python)
+        for problem in problems:
+            print(f"ci: {problem}", file=sys.stderr)
+        if problems:
+            raise CheckFailed(f"{member.name}: {len(problems)} undeclared import(s)")
+    with phase(timings, "mypy"):
+        against = ["--python-executable", str(python), "--cache-dir", str(env / ".mypy_cache")]
+        mypy = [*TOOL, "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"), *against]
+        run(*mypy, "src", cwd=member.path)
+        run(*mypy, "--explicit-package-bases", "tests", cwd=member.path, env=tests_base(member))
+    with phase(timings, "tests"):
+        # The root pytest settings name pytest-asyncio's options; a member without async tests
+        # rightly lacks the plugin, so that warning says nothing about the member.
+        quiet = "ignore:Unknown config option:pytest.PytestConfigWarning"
+        run(str(python), "-m", "pytest", "-W", quiet, str(member.path / "tests"))
 
 
 # -- what crosses members -----------------------------------------------------------------------
@@ -338,21 +330,23 @@ def check_wheels() -> None:
                 run(str(venv / "bin" / "trajectory-tree"), "demo")
 
 
-def timed(
-    label: str, rows: list[tuple[str, float, str]], step: Callable[..., object], *args: object
-) -> bool:
-    """Run one step, record its time (and its parts' times) in ``rows``; False if it failed."""
+Row = tuple[str, float, str]
+
+
+def timed(label: str, rows: list[Row], step: Callable[[dict[str, float]], None]) -> bool:
+    """Run one step, record its time and its parts' times in ``rows``; False if it failed."""
     print(f"\n== {label}", flush=True)
+    parts: dict[str, float] = {}
     start = time.perf_counter()
     try:
-        detail = step(*args)
+        step(parts)
+        outcome = ""
     except CheckFailed as failure:
         print(f"ci: {label}: {failure}", file=sys.stderr, flush=True)
-        rows.append((label, time.perf_counter() - start, "FAILED"))
-        return False
-    parts = detail.items() if isinstance(detail, dict) else []
-    rows.append((label, time.perf_counter() - start, "  ".join(f"{k} {v:.0f}s" for k, v in parts)))
-    return True
+        outcome = "FAILED  "
+    detail = "  ".join(f"{name} {seconds:.0f}s" for name, seconds in parts.items())
+    rows.append((label, time.perf_counter() - start, outcome + detail))
+    return not outcome
 
 
 def main() -> int:
@@ -366,20 +360,24 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for the cross tests")
     args = parser.parse_args()
 
-    rows: list[tuple[str, float, str]] = []
+    rows: list[Row] = []
+
+    def cross(_: dict[str, float]) -> None:
+        check_cross_package(args.pytest_args)
+
     if args.package:
         member = find_member(args.package)
-        ok = timed(f"{member.name} alone", rows, check_member, member)
+        ok = timed(f"{member.name} alone", rows, partial(check_member, member))
     elif args.cross:
-        ok = timed("cross-package tests", rows, check_cross_package, args.pytest_args)
+        ok = timed("cross-package tests", rows, cross)
     elif args.wheels:
-        ok = timed("wheels", rows, check_wheels)
+        ok = timed("wheels", rows, lambda _: check_wheels())
     else:
-        ok = timed("repository", rows, check_repository)
+        ok = timed("repository", rows, lambda _: check_repository())
         for member in members().values():
-            ok = timed(f"{member.name} alone", rows, check_member, member) and ok
-        ok = timed("wheels", rows, check_wheels) and ok
-        ok = timed("cross-package tests", rows, check_cross_package, args.pytest_args) and ok
+            ok = timed(f"{member.name} alone", rows, partial(check_member, member)) and ok
+        ok = timed("wheels", rows, lambda _: check_wheels()) and ok
+        ok = timed("cross-package tests", rows, cross) and ok
     print("\nci: timings")
     for label, seconds, detail in rows:
         print(f"  {label:<40} {seconds:7.1f} s  {detail}")
