@@ -18,7 +18,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from protocol_adapters.__main__ import main
+from protocol_adapters.__main__ import _parser, _policy, main
 from protocol_adapters.rendering.renderer import TEMPLATE_MODE
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
@@ -70,6 +70,28 @@ def test_check_template_prints_the_verdict_of_a_file_or_a_checkpoint(
 
     assert main(["check-template", str(tmp_path / "missing.jinja")]) == 2
     assert "missing.jinja" in capsys.readouterr().err
+
+
+def test_serve_flags_name_the_tokens_a_template_and_a_reply_end_with(tmp_path: Path) -> None:
+    """--tokenizer-json with --eos-token: the template sees the token, and it ends replies (the
+    Qwen stop tokens are no default for another family's tokenizer); with --checkpoint the
+    flags override the checkpoint's own."""
+    small = Vocabulary.from_file(SMALL)
+    template = tmp_path / "t.jinja"
+    template.write_text(trait_template())
+    engine = ["serve", "--engine-url", "http://127.0.0.1:1"]
+    tokens = ["--bos-token", "<|endoftext|>", "--eos-token", "<|im_end|>"]
+    args = _parser().parse_args(
+        [*engine, "--tokenizer-json", str(SMALL), "--template-file", str(template), *tokens]
+    )
+    vocabulary, chat = _policy(args)
+    assert vocabulary.stop_ids == {small.token_id("<|im_end|>")}
+    assert dict(chat.variables) == SPECIAL
+    directory = checkpoint(tmp_path / "ckpt", trait_template())
+    args = _parser().parse_args([*engine, "--checkpoint", str(directory), "--bos-token", "<s>"])
+    _, chat = _policy(args)
+    assert chat.variables["bos_token"] == "<s>"
+    assert chat.variables["eos_token"] == SPECIAL["eos_token"]
 
 
 def serve_command(engine_url: str, *extra: str) -> list[str]:

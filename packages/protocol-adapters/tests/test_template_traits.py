@@ -15,6 +15,7 @@ import pytest
 import transformers.utils.chat_template_utils as hf_templates
 
 from protocol_adapters.rendering import (
+    ArgumentsForm,
     ChatTemplate,
     FindingKind,
     Renderer,
@@ -28,6 +29,7 @@ from protocol_adapters.rendering import (
 from protocol_adapters.rendering.renderer import (
     FAILED_CHECK,
     FULL_RENDER_MODE,
+    PROBE_REFUSED,
     PROMPT_MISMATCH,
     TEMPLATE_CLOCK,
     TEMPLATE_DEVIATIONS,
@@ -327,3 +329,47 @@ def test_a_mismatch_the_audit_cannot_foresee_is_caught_recorded_and_rendered_in_
     assert "turn 0's generation prompt" in second.notes[PROMPT_MISMATCH]
     assert renderer.stats.mismatches == 1
     assert not renderer.proven
+
+
+ARGUMENTS_AS_THEY_COME = (
+    '{%- for c in m.tool_calls or [] %}{{- \'<tool_call>\\n{"name": "\' + c.function.name }}'
+    "{{- '\", \"arguments\": ' + c.function.arguments + '}\\n</tool_call>' }}{%- endfor %}"
+)
+
+
+def test_a_template_that_prints_arguments_as_they_come_gets_the_json_text(
+    small: Vocabulary,
+) -> None:
+    """Like Phi-4-mini: ``{{ arguments }}`` of a mapping would print Python's repr; the audit
+    sees it, and such a template gets the client's JSON text, rendered exactly."""
+    source = trait_template().replace(
+        "{%- for c in m.tool_calls or [] %}", ARGUMENTS_AS_THEY_COME + "{%- for c in [] %}"
+    )
+    chat = ChatTemplate("verbatim-arguments", source, SPECIAL)
+    audit = audit_template(chat)
+    assert audit.arguments is ArgumentsForm.STRING
+    assert audit.verdict is Verdict.BRIDGE_EXACT, audit.report()
+
+
+def test_a_probe_the_template_refuses_falls_back_to_a_counted_full_render(
+    small: Vocabulary,
+) -> None:
+    """A template may refuse one of the bridge's probes while accepting the real request (here:
+    a user message reading "base" right after an assistant turn, what the probe for "after an
+    assistant reply" renders). The audit says so; that request is rendered in full and counted,
+    exactly, never an error."""
+    refuses_probe = trait_template().replace(
+        "{{- '<|im_start|>user\\n' }}",
+        "{%- if messages[0].content == 'base' and messages | length == 3 %}"
+        "{{- raise_exception('no probes here') }}{%- endif %}{{- '<|im_start|>user\\n' }}",
+    )
+    chat = ChatTemplate("refuses-a-probe", refuses_probe, SPECIAL)
+    audit = audit_template(chat)
+    assert audit.verdict is Verdict.BRIDGE_EXACT
+    assert any("refuses the bridge's probe" in f.feature for f in audit.of_kind(FindingKind.LIMIT))
+    session = ChatSession(Renderer(small, chat, RendererConfig(check_sample_rate=1.0)), small)
+    session.turn([Message.text("system", "s"), Message.text("user", "go")], output("hi"))
+    session.turn([Message.text("user", "and then")], output("done"))
+    assert_exact(session, chat)
+    assert [type(r.prompt) for _, r in session.sent] == [BridgedPrompt, FullPrompt]
+    assert session.renderer.stats.fallbacks == {PROBE_REFUSED: 1}

@@ -31,13 +31,20 @@ from functools import lru_cache
 
 from trajectory_tree import Message, Prompt, ToolCall, ToolSpec
 
-from .conversation import USER, Slot, TemplateContext, bridge_text
+from .conversation import NotAnAppend, Slot, TemplateContext, bridge_text
+from .diagnosis import (
+    common_prefix,
+    describe,
+    excerpt,
+    generation_differs,
+    rewrite,
+    unclosed,
+)
 from .scenarios import (
     ARGUMENT_VALUE,
     CALL_A,
     CALL_B,
     TOOLS,
-    TOOLS_MARKER,
     agent,
     arguments_probe,
     marker,
@@ -53,10 +60,7 @@ AUDIT_NOW = datetime(2024, 7, 26, 9, 30, 0)
 LATER_NOW = datetime(2031, 12, 13, 23, 59, 59)
 """A second clock: a template whose text changes between the two prints the time."""
 
-_EXCERPT = 40
-
 PARALLEL_CALLS_REFUSED = "refuses assistant turns with several tool calls"
-GENERATION_PROMPT_DIFFERS = "the generation prompt is not how history renders the assistant turn"
 SYSTEM_NOTES_REFUSED = "refuses system messages after the first"
 
 
@@ -78,32 +82,6 @@ def audit_source(name: str, source: str, variables: Mapping[str, str]) -> Templa
     except TemplateError as exc:
         return TemplateAudit(name, (Finding(FindingKind.FATAL, "does not compile", str(exc)),))
     return audit_template(template)
-
-
-def _excerpt(text: str, at: int) -> str:
-    return repr(text[max(0, at - _EXCERPT // 2) : at + _EXCERPT])
-
-
-def _common_prefix(a: str, b: str) -> int:
-    limit = min(len(a), len(b))
-    for index in range(limit):
-        if a[index] != b[index]:
-            return index
-    return limit
-
-
-def _describe(messages: Sequence[Message], index: int) -> str:
-    message = messages[index]
-    if message.role == "assistant":
-        calls = len(message.tool_calls)
-        if calls > 1:
-            return f"an assistant turn with {calls} tool calls"
-        return "an assistant turn with a tool call" if calls else "an assistant reply"
-    if message.role == "tool":
-        return "a tool result"
-    if message.role == "system":
-        return "a system message after the first" if index else "a leading system message"
-    return "a user message"
 
 
 class _Auditor:
@@ -129,13 +107,13 @@ class _Auditor:
 
     def run(self) -> TemplateAudit:
         plain = agent(reasoning=False)
+        self.arguments = self.arguments_form()
         for tools in (TOOLS, ()):
             refused = self.refusal(self.context(tools), plain)
             if refused is not None:
                 feature = f"refuses an ordinary agent conversation at {refused[0]}"
                 self.add(Finding(FindingKind.FATAL, feature, refused[1]))
                 return self.result()
-        self.arguments = self.arguments_form()
         self.content(plain)
         if any(f.kind is FindingKind.FATAL for f in self.findings.values()):
             return self.result()
@@ -165,7 +143,7 @@ class _Auditor:
             try:
                 context.render(messages[:end], add_generation_prompt=not replied, names=names)
             except TemplateError as exc:
-                return _describe(messages, end - 1), str(exc)
+                return describe(messages, end - 1), str(exc)
         return None
 
     def optional(self, messages: Sequence[Message], refusal: str, feature: str) -> bool:
@@ -256,13 +234,13 @@ class _Auditor:
                     for now in (AUDIT_NOW, LATER_NOW)
                 ]
                 if renders[0] != renders[1]:
-                    at = _common_prefix(*renders)
+                    at = common_prefix(*renders)
                     self.add(
                         Finding(
                             FindingKind.NOTE,
                             "prints the current time (strftime_now): frozen at each session's "
                             "start",
-                            f"e.g. {_excerpt(renders[0], at)}",
+                            f"e.g. {excerpt(renders[0], at)}",
                         )
                     )
                     return True
@@ -288,169 +266,81 @@ class _Auditor:
         generation_at = 0  # where its generation prompt starts
         reply: int | None = None  # index of the assistant turn that answered it
         for end in ends:
-            last = Slot.of(messages, end - 1, names)
-            try:
-                generation = context.generation_prompt(last)
-            except ValueError:
-                feature = f"the generation prompt after a {last.role} message is not an append"
-                self.add(Finding(FindingKind.REWRITE, feature))
-                return
             full = context.render(messages[:end], add_generation_prompt=True, names=names)
-            previous: Slot | None = None
-            history, start = "", 0
-            if reply is not None:
-                history = context.render(
-                    messages[: reply + 1], add_generation_prompt=False, names=names
+            try:
+                generation = self.request(
+                    context, messages, end, reply, (sent, generation_at, full), optional
                 )
-                previous, start = Slot.of(messages, reply, names), reply + 1
-                if not history.startswith(sent):
-                    self.add(self.replied(context, sent, generation_at, history, messages, reply))
-                closing = context.assistant_tail()
-                if not history.endswith(closing):
-                    self.add(self.unclosed(history, closing, messages, reply))
-            new = messages[start:end]
-            bridged = bridge_text(context, previous, new, last, names)
-            if bridged is None:
-                earlier = context.base_text(previous)
-                later = context.render_after(previous, new, gen=True, names=names)
-                finding = self.rewrite(context, earlier, later, messages[:start], new)
-                if optional and (finding.kind, finding.feature) not in self.findings:
-                    finding = Finding(
-                        FindingKind.LIMIT,
-                        f"renders requests with {optional} in full",
-                        f"the template {finding.feature}",
-                    )
-                self.add(finding)
-            else:
-                text = history + bridged.body + bridged.generation
-                at = _common_prefix(text, full)
-                if at < len(history):
-                    self.add(self.rewrite(context, history, full, messages[:start], new))
-                elif text != full:
-                    self.add(
-                        Finding(
-                            FindingKind.REWRITE,
-                            "renders new messages differently after the real history than "
-                            "after a probe",
-                            f"bridged {_excerpt(text, at)}, template {_excerpt(full, at)}",
-                        )
-                    )
+            except TemplateError as exc:  # a probe, not the request: rendered in full instead
+                feature = f"refuses the bridge's probe for {describe(messages, end - 1)}"
+                self.add(Finding(FindingKind.LIMIT, feature, f"rendered in full: {exc}"))
+                generation = ""
+            if generation is None:
+                return
             sent, generation_at = full, len(full) - len(generation)
             reply = end if end < len(messages) else None
 
-    def replied(
+    def request(
         self,
         context: TemplateContext,
-        prompt: str,
-        generation_at: int,
-        history: str,
         messages: Sequence[Message],
-        reply: int,
-    ) -> Finding:
-        """The template's prompt for a request is not a prefix of its render of the history
-        that adds the reply: what was sent and generated differs from what history shows."""
-        at = _common_prefix(prompt, history)
-        if at < generation_at:
-            return self.rewrite(context, prompt, history, messages[:reply], messages[reply:])
-        generation = prompt[generation_at:]
-        shown = history[generation_at : generation_at + len(generation) + _EXCERPT // 2]
-        role = messages[reply - 1].role
-        return Finding(
-            FindingKind.DEVIATION,
-            f"{GENERATION_PROMPT_DIFFERS} (after a {role} message)",
-            f"prompt ends {generation!r}, history renders {shown!r}",
-        )
-
-    def unclosed(
-        self, history: str, closing: str, messages: Sequence[Message], reply: int
-    ) -> Finding:
-        """History renders a reply without the closing the model ends its turns with: the bridge
-        keeps the model's end token and adds the rest of the closing, the template does not."""
-        if reply + 1 < len(messages) and messages[reply + 1].role == "tool":
-            return Finding(
-                FindingKind.REWRITE,
-                "renders tool results inside the model's turn",
-                f"its closing {closing!r} comes after them, not after the model's calls",
+        end: int,
+        reply: int | None,
+        renders: tuple[str, int, str],
+        optional: str,
+    ) -> str | None:
+        """Bridge the request ``messages[:end]`` (after the reply at ``reply``) and compare it
+        with ``renders``: the previous request's prompt, where its generation prompt starts, and
+        this request's full render. Returns this request's generation prompt (None: there is no
+        append to speak of, and the simulation stops)."""
+        sent, generation_at, full = renders
+        names = call_names(messages)
+        last = Slot.of(messages, end - 1, names)
+        try:
+            generation = context.generation_prompt(last)
+        except NotAnAppend:
+            feature = f"the generation prompt after a {last.role} message is not an append"
+            self.add(Finding(FindingKind.REWRITE, feature))
+            return None
+        previous: Slot | None = None
+        history, start = "", 0
+        if reply is not None:
+            history = context.render(
+                messages[: reply + 1], add_generation_prompt=False, names=names
             )
-        return Finding(
-            FindingKind.REWRITE,
-            f"does not close {_describe(messages, reply)} as it closes a reply",
-            f"history ends {history[-_EXCERPT:]!r}, a reply ends {closing!r}",
-        )
-
-    def rewrite(
-        self,
-        context: TemplateContext,
-        earlier: str,
-        later: str,
-        before: Sequence[Message],
-        new: Sequence[Message],
-    ) -> Finding:
-        """``earlier`` (the render of ``before``) is not a prefix of ``later`` (after ``new``
-        arrived): name the rewrite when it is a known one."""
-        at = _common_prefix(earlier, later)
-        reasoning = [marker(f"R{i}") for i in (2, 4, 6, 8)]
-        if any(m in earlier and m not in later for m in reasoning):
-            return Finding(
-                FindingKind.DEVIATION,
-                "drops the reasoning of earlier assistant turns once a later message arrives",
-                "bridged prompts keep the model's reasoning where the template's render drops it",
+            previous, start = Slot.of(messages, reply, names), reply + 1
+            if not history.startswith(sent):
+                self.add(generation_differs(context, sent, generation_at, history, messages, reply))
+            closing = context.assistant_tail()
+            if not history.endswith(closing):
+                self.add(unclosed(history, closing, messages, reply))
+        new = messages[start:end]
+        bridged = bridge_text(context, previous, new, last, names)
+        if bridged is None:
+            earlier = context.base_text(previous)
+            later = context.render_after(previous, new, gen=True, names=names)
+            finding = rewrite(context, earlier, later, messages[:start], new)
+            if optional and (finding.kind, finding.feature) not in self.findings:
+                finding = Finding(
+                    FindingKind.LIMIT,
+                    f"renders requests with {optional} in full",
+                    f"the template {finding.feature}",
+                )
+            self.add(finding)
+            return generation
+        text = history + bridged.body + bridged.generation
+        at = common_prefix(text, full)
+        if at < len(history):
+            self.add(rewrite(context, history, full, messages[:start], new))
+        elif text != full:
+            self.add(
+                Finding(
+                    FindingKind.REWRITE,
+                    "renders new messages differently after the real history than after a probe",
+                    f"bridged {excerpt(text, at)}, template {excerpt(full, at)}",
+                )
             )
-        suffix = earlier[at:]
-        if suffix and context.base_text(USER).endswith(suffix):
-            return Finding(
-                FindingKind.REWRITE,
-                "ends every render with an assistant header, even without add_generation_prompt",
-                f"{suffix!r} is replaced by the next message",
-            )
-        tail = context.assistant_tail()
-        result = later.find(next(iter(_markers(new[0])), "\u2063")) if new else -1
-        if (
-            before
-            and before[-1].role == "assistant"
-            and new[0].role == "tool"
-            and tail
-            and result >= at
-            and tail not in later[at:result]
-        ):
-            return Finding(
-                FindingKind.REWRITE,
-                "renders tool results inside the model's turn",
-                f"its closing {tail!r} comes after them, not after the model's calls",
-            )
-        for index, message in enumerate(new):
-            for moved in _markers(message):
-                found = later.find(moved)
-                if found >= 0 and earlier[at:] and earlier[at:] in later[found:]:
-                    return Finding(
-                        FindingKind.REWRITE,
-                        f"moves {_describe((*before, *new), len(before) + index)} before "
-                        "earlier messages",
-                        f"rendered inside {_excerpt(later, found)}",
-                    )
-        if earlier.find(TOOLS_MARKER) != later.find(TOOLS_MARKER):
-            return Finding(
-                FindingKind.REWRITE,
-                "moves the tool list as messages arrive (into the last user message)",
-                f"{_excerpt(earlier, at)} becomes {_excerpt(later, at)}",
-            )
-        after = _describe_last(before) if before else "the conversation's start"
-        return Finding(
-            FindingKind.REWRITE,
-            f"rewrites earlier text when messages follow {after}",
-            f"{_excerpt(earlier, at)} becomes {_excerpt(later, at)}",
-        )
-
-
-def _markers(message: Message) -> list[str]:
-    """The audit markers in a scenario message's text."""
-    text = message.plain_text
-    parts = text.split("\u2063")
-    return [f"\u2063{parts[i]}\u2063" for i in range(1, len(parts) - 1, 2)]
-
-
-def _describe_last(messages: Sequence[Message]) -> str:
-    return _describe(messages, len(messages) - 1)
+        return generation
 
 
 def _command(call: ToolCall) -> str:

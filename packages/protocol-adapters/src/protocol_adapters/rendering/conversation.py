@@ -91,6 +91,10 @@ class Slot:
         return (user,)
 
 
+class NotAnAppend(ValueError):
+    """The generation prompt changes the text before it (it is not an append)."""
+
+
 USER = Slot("user")
 ASSISTANT = Slot("assistant")
 TOOL = Slot("tool", calls=((PROBE_CALL.id, PROBE_CALL.name),))
@@ -168,7 +172,7 @@ class TemplateContext:
     def generation_prompt(self, slot: Slot) -> str:
         """The text ``add_generation_prompt`` appends after a message of ``slot``.
 
-        Raises ``ValueError`` when it is not an append (the template changes earlier text).
+        Raises :class:`NotAnAppend` when it is not an append (the template changes earlier text).
         """
         key = slot.generic()
         found = self._generation_prompts.get(key)
@@ -177,7 +181,7 @@ class TemplateContext:
             plain = self.render(base, add_generation_prompt=False)
             with_prompt = self.render(base, add_generation_prompt=True)
             if not with_prompt.startswith(plain):
-                raise ValueError(
+                raise NotAnAppend(
                     f"chat template {self.template.name!r}: the generation prompt after a "
                     f"{slot.role} message is not an append"
                 )

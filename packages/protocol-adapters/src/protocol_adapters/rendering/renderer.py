@@ -52,9 +52,10 @@ from trajectory_tree import (
     SessionTree,
 )
 
-from .audit import GENERATION_PROMPT_DIFFERS, PARALLEL_CALLS_REFUSED, audit_template
+from .audit import PARALLEL_CALLS_REFUSED, audit_template
 from .check import Mismatch, Place, check_bridge
 from .conversation import Slot, TemplateContext, bridge_text
+from .diagnosis import GENERATION_PROMPT_DIFFERS
 from .scaffold import closing_scaffold
 from .segments import label_text, segment_ids
 from .stats import BridgeStats, StatsRecorder

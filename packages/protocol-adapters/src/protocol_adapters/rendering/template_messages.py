@@ -37,13 +37,25 @@ def call_names(messages: Iterable[Message]) -> dict[str, str]:
     return {call.id: call.name for message in messages for call in message.tool_calls}
 
 
+def _decoded(text: str) -> Any:
+    """The JSON value of ``text``; ValueError when it is not JSON, or when decoding its escapes
+    gives text that is not Unicode (``"\\ud800"``: valid JSON text, a lone surrogate decoded,
+    which no tokenizer takes)."""
+    try:
+        value = json.loads(text)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 def _arguments(text: str, form: ArgumentsForm) -> Any:
     if form is ArgumentsForm.STRING:
         return text
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return text
+        value = _decoded(text)
+    except ValueError:
+        return text  # what the client sent, which is valid text
     return value if isinstance(value, dict) else text
 
 
@@ -111,10 +123,11 @@ def template_tools(tools: tuple[ToolSpec, ...]) -> tuple[dict[str, Any], ...]:
     out: list[dict[str, Any]] = []
     for tool in tools:
         try:
-            parameters = json.loads(tool.parameters)
+            parameters = _decoded(tool.parameters)
         except ValueError:
             raise AdapterError(
-                ErrorKind.INVALID_REQUEST, f"tool {tool.name!r}: parameters are not JSON"
+                ErrorKind.INVALID_REQUEST,
+                f"tool {tool.name!r}: parameters are not JSON of valid Unicode text",
             ) from None
         function: dict[str, Any] = {"name": tool.name}
         if tool.description:
