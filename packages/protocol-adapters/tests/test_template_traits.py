@@ -373,3 +373,42 @@ def test_a_probe_the_template_refuses_falls_back_to_a_counted_full_render(
     assert_exact(session, chat)
     assert [type(r.prompt) for _, r in session.sent] == [BridgedPrompt, FullPrompt]
     assert session.renderer.stats.fallbacks == {PROBE_REFUSED: 1}
+
+
+def test_every_turn_compares_the_previous_reply_with_the_templates_rendering_of_it(
+    small: Vocabulary,
+) -> None:
+    """Without sampled checks (rate 0), each bridged turn still compares the reply before it,
+    as sent and generated, with the template's rendering of that reply in history: nothing to
+    record for an exact template, a note on every turn for an accepted deviation, a full render
+    for a difference in the template's own text."""
+    unchecked = RendererConfig(check_sample_rate=0.0)
+    exact = ChatSession(Renderer(small, template("base"), unchecked), small)
+    agent_session(exact)
+    assert all(PROMPT_MISMATCH not in r.notes for _, r in exact.sent)
+    assert exact.renderer.stats.kept_outputs == 0
+
+    deviating = template("gen-differs", generation=GENERATION_ADDS_EMPTY_THINKING)
+    config = RendererConfig(check_sample_rate=0.0, mode=TemplateMode.ACCEPT_DEVIATIONS)
+    session = ChatSession(Renderer(small, deviating, config), small)
+    agent_session(session)
+    noted = [r.notes.get(PROMPT_MISMATCH, "") for _, r in session.sent]
+    assert noted[0] == ""
+    assert all("generation prompt is not how the template renders" in n for n in noted[1:])
+    assert sum(summarize(session.tree).prompt_mismatches.values()) == 6
+
+    renderer = Renderer(small, qwen3_template(), unchecked)
+    options = {"enable_thinking": "false"}
+    tree = SessionTree()
+    first = Prompt((Message.text("user", "hi"),), (), options)
+    route = tree.route(first)
+    rendered = renderer.render(route)
+    ids = [*small.encode("hello"), small.token_id("<|im_end|>")]
+    reply = Message.text("assistant", "hello")
+    tree.record(
+        route, rendered.prompt, Completion(ids, [-1.0] * len(ids), FinishReason.STOP), reply
+    )
+    later = Prompt((*first.messages, reply, Message.text("user", "again")), (), options)
+    second = renderer.render(tree.route(later))
+    assert isinstance(second.prompt, FullPrompt)
+    assert "turn 0's generation prompt" in second.notes[PROMPT_MISMATCH]

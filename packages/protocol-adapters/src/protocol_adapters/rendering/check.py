@@ -1,5 +1,10 @@
 """The bridge check: a bridged prompt against the chat template's own render of the request.
 
+On every bridged turn that follows a reply, a cheap one (O(the reply)): the previous reply as it
+was sent and generated (its generation prompt, the engine's output, the closing scaffold) against
+the template's rendering of that reply in history, after a probe ending like the message before
+it (:func:`check_reply`).
+
 Two comparisons, for a sample of turns (``RendererConfig.check_sample_rate``):
 
 1. the new region: the closing scaffold, the new messages and the generation prompt against the
@@ -17,14 +22,15 @@ the template's text, which the bridge got wrong.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import LossReason, Route
 
-from .conversation import TemplateContext
+from .conversation import Slot, TemplateContext
+from .template import TemplateError
 
 _SHOWN = 6
 """Tokens of each side quoted in a reason."""
@@ -66,6 +72,54 @@ def check_bridge(
     if region is not None:
         return Mismatch(region)
     return _whole(route, vocabulary, bridged_ids, full_ids)
+
+
+def check_reply(
+    route: Route,
+    context: TemplateContext,
+    vocabulary: Vocabulary,
+    scaffold: str,
+    names: Mapping[str, str],
+) -> Mismatch | None:
+    """None when the previous reply, as sent and generated, is how the template renders it in
+    history (or when no probe can tell); else why not, and where."""
+    node = route.anchor
+    if route.previous_generated is None or node.delta is None or not node.spans:
+        return None
+    messages = route.prompt.messages
+    index = route.matched - 1
+    before = Slot.of(messages, index - 1, names) if index >= 1 else None
+    try:
+        base = context.base_text(before)
+        rendered = context.render_after(before, (messages[index],), gen=False, names=names)
+    except TemplateError:
+        return None
+    if not rendered.startswith(base):
+        return None
+    expected = rendered[len(base) :]
+    kind, generation_length = node.spans[0]
+    generation = generation_length if kind is LossReason.TEMPLATE_SCAFFOLD else 0
+    prompt_text = vocabulary.decode(node.delta[:generation])
+    actual = prompt_text + vocabulary.decode(node.delta[generation:]) + scaffold
+    if actual == expected:
+        return None
+    at = next(
+        (i for i, (x, y) in enumerate(zip(actual, expected, strict=False)) if x != y),
+        min(len(actual), len(expected)),
+    )
+    shown = f"{actual[at : at + 30]!r} where the template renders {expected[at : at + 30]!r}"
+    turn = route.previous_generated.id
+    if at < len(prompt_text):
+        return Mismatch(
+            f"turn {turn}'s generation prompt is not how the template renders that turn in "
+            f"history ({shown})",
+            Place.GENERATION_PROMPT,
+        )
+    return Mismatch(
+        f"turn {turn}'s output is kept verbatim where the template renders its reply "
+        f"differently ({shown})",
+        Place.OUTPUT,
+    )
 
 
 def _new_region(

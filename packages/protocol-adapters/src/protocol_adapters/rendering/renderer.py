@@ -53,7 +53,7 @@ from trajectory_tree import (
 )
 
 from .audit import PARALLEL_CALLS_REFUSED, audit_template
-from .check import Mismatch, Place, check_bridge
+from .check import Mismatch, Place, check_bridge, check_reply
 from .conversation import Slot, TemplateContext, bridge_text
 from .diagnosis import GENERATION_PROMPT_DIFFERS
 from .scaffold import closing_scaffold
@@ -221,6 +221,7 @@ class Renderer:
 
         segments: list[Segment] = []
         scaffold_ids: list[int] = []
+        scaffold = ""
         if turn is not None:
             tail = context.assistant_tail()
             scaffold = closing_scaffold(tail, route.tree.output_ids(turn), self.vocabulary)
@@ -240,17 +241,29 @@ class Renderer:
         bridged = BridgedPrompt(tuple(segments), generation_ids)
 
         if not self._sample_check():
-            return self._bridged(route, bridged, now)
+            reply = check_reply(route, context, self.vocabulary, scaffold, names)
+            if reply is not None and not self._keeps(reply):
+                return self._failed(prompt, max_tokens, now, reply)
+            if reply is not None:
+                self._stats.kept(reply.reason)
+            return self._bridged(route, bridged, now, mismatch=reply)
         new_ids = [i for s in message_segments for i in s.ids] + list(generation_ids)
         sent = self._ids(route, bridged)
         new_text = text.body + text.generation
         mismatch = check_bridge(
             route, context, self.vocabulary, scaffold_ids, new_ids, sent, new_text
         )
-        kept = mismatch is not None and self._keeps(mismatch)
-        self._stats.checked(mismatch.reason if mismatch else None, kept=kept)
-        if mismatch is None or kept:
-            return self._bridged(route, bridged, now, checked=True, mismatch=mismatch)
+        if mismatch is not None and not self._keeps(mismatch):
+            return self._failed(prompt, max_tokens, now, mismatch)
+        self._stats.checked(mismatch.reason if mismatch else None, kept=mismatch is not None)
+        return self._bridged(route, bridged, now, checked=True, mismatch=mismatch)
+
+    def _failed(
+        self, prompt: Prompt, max_tokens: int | None, now: datetime | None, mismatch: Mismatch
+    ) -> RenderedPrompt:
+        """The bridge got the template's text wrong: this turn is rendered in full (and, with
+        ``fallback_after_mismatch``, every later one)."""
+        self._stats.checked(mismatch.reason, kept=False)
         if self.config.fallback_after_mismatch:
             self._proven = False
         return self._full(prompt, FAILED_CHECK, max_tokens, now, mismatch)

@@ -22,8 +22,9 @@ class BridgeStats:
     fallbacks: Mapping[str, int] = field(default_factory=dict)
     last_mismatch: str | None = None
     kept_outputs: int = 0
-    """Checks that found only an earlier reply differing from the template's rendering of it:
-    the engine's ids were kept (recorded in the turn's ``prompt_mismatch`` note)."""
+    """Turns whose bridged prompt was found to differ from the template's render only where it
+    may (an earlier reply as the model wrote it, an accepted deviation): the engine's ids were
+    kept, the reason recorded in the turn's ``prompt_mismatch`` note."""
 
     @property
     def full_renders(self) -> int:
@@ -57,6 +58,12 @@ class StatsRecorder:
                     self._kept += 1
                 else:
                     self._mismatches += 1
+
+    def kept(self, reason: str) -> None:
+        """A difference the bridge keeps, found outside a sampled check (the per-turn one)."""
+        with self._lock:
+            self._kept += 1
+            self._last_mismatch = reason
 
     def fallback(self, reason: str) -> None:
         with self._lock:
