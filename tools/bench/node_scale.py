@@ -33,7 +33,8 @@ placement, in the adapter (``--adapter-nice`` gives that process a scheduling pr
 engine call, plus engine's last token -> last byte flushed: ``protocol_adapters.server.timing``)
 and, apart, the time from a request's headers to its whole body (the sandbox's relay, which
 runs in the driver, and the agent set that pace, not the adapter); the longest
-garbage collection in the driver; processes left after the run (the bench is a child
+garbage collection in the driver; the ``asyncio`` logger's warnings and errors (driver and
+adapter); processes left after the run (the bench is a child
 subreaper, so any orphan of a sandbox comes back to it), sandbox state directories left, and
 the adapter's 5xx and 529 answers. Every figure depends on the machine's load: the header and
 each row print the load average.
@@ -50,6 +51,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -159,6 +161,8 @@ class AdapterStats:
     statuses: Counter[int] = field(default_factory=Counter)
     lag_ms: list[float] = field(default_factory=list)
     cpu_s: float | None = None
+    asyncio_logs: int = 0
+    asyncio_first: list[str] = field(default_factory=list)
 
 
 class LagMonitor:
@@ -225,6 +229,8 @@ def serve_adapter(
     vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(TOKENIZER_CACHE))
 
     async def main() -> AdapterStats:
+        logs = LogCount()
+        logging.getLogger("asyncio").addHandler(logs)
         async with adapter(engine_url, vocabulary, admin) as (server, timings, statuses):
             lag = LagMonitor()
             lag.start()
@@ -237,6 +243,8 @@ def serve_adapter(
                 statuses,
                 await lag.stop(),
                 cpu_seconds(resource.RUSAGE_SELF) - cpu,
+                logs.count,
+                logs.first,
             )
 
     if loop_kind == "uvloop":
@@ -404,6 +412,7 @@ class Row:
     added_ms: list[float]
     body_ms: list[float]
     gc_max_ms: float
+    asyncio_logs: int
     processes_left: int
     state_left: int
     statuses: Counter[int]
@@ -436,9 +445,10 @@ def children(exclude: set[int]) -> list[str]:
 
 
 class CliCpu:
-    """The CPU time of every process named ``claude`` (Claude Code's binary), sampled from
-    /proc every 0.2 s on a thread; a process's last 0.2 s before it exits are missed. The
-    thread's own CPU is kept apart (``own_s``) so the driver's figure can leave it out."""
+    """The CPU time of every process named ``claude`` (Claude Code's binary) that descends from
+    this one (other users of the machine run Claude Code too), sampled from /proc every 0.2 s
+    on a thread; a process's last 0.2 s before it exits are missed. The thread's own CPU is
+    kept apart (``own_s``) so the driver's figure can leave it out."""
 
     def __init__(self, name: str = "claude") -> None:
         self.name = name
@@ -469,10 +479,47 @@ class CliCpu:
                     continue
                 if stat[stat.index("(") + 1 : stat.rindex(")")] != self.name:
                     continue
+                if not descends_from_us(int(entry)):
+                    continue
                 fields = stat[stat.rindex(")") + 2 :].split()
                 ticks = int(fields[11]) + int(fields[12])  # utime, stime
                 self.seen[int(entry)] = max(self.seen.get(int(entry), 0), ticks)
         self.own_s = time.thread_time() - started
+
+
+def descends_from_us(pid: int) -> bool:
+    me = os.getpid()
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if pid == me:
+            return True
+    return False
+
+
+class LogCount(logging.Handler):
+    """Counts the ``asyncio`` logger's records of WARNING and above (callback exceptions,
+    "Task was destroyed but it is pending", unclosed transports), keeping the first few."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        if len(self.first) < 3:
+            self.first.append(record.getMessage()[:200])
+
+    def __enter__(self) -> LogCount:
+        logging.getLogger("asyncio").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("asyncio").removeHandler(self)
 
 
 class GcTimer:
@@ -502,10 +549,12 @@ async def run_row(
 ) -> Row:
     lag = LagMonitor()
     gc_timer = GcTimer()
+    logs = LogCount()
     stats = AdapterStats()
     conn: multiprocessing.connection.Connection | None = None
     process: multiprocessing.process.BaseProcess | None = None
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(logs)
         http = await stack.enter_async_context(aiohttp.ClientSession())
         placement: Placement
         if placement_name == "loop":
@@ -568,6 +617,7 @@ async def run_row(
         if isinstance(o, BaseException) or not o.ok
     ]
     notes += [f"left: {entry}" for entry in left]
+    notes += [f"asyncio: {message}" for message in logs.first + stats.asyncio_first]
     return Row(
         agent_name,
         placement_name,
@@ -585,6 +635,7 @@ async def run_row(
         stats.added_ms,
         stats.body_ms,
         gc_timer.longest * 1000,
+        logs.count + stats.asyncio_logs,
         len(left),
         len(list(state_root.iterdir())),
         stats.statuses,
@@ -639,6 +690,7 @@ def row_cells(row: Row) -> list[str]:
         if row.body_ms
         else "-",
         f"{row.gc_max_ms:.0f}",
+        str(row.asyncio_logs),
         str(row.processes_left),
         str(row.state_left),
         f"{errors} / {row.statuses.get(529, 0)}",
@@ -663,6 +715,7 @@ COLUMNS = [
     "added p50/p99 ms",
     "body in p50/p99 ms",
     "driver GC max ms",
+    "asyncio warnings",
     "procs left",
     "state left",
     "5xx / 529",
@@ -766,7 +819,7 @@ def main() -> int:
         table.add_row(*row_cells(row))
     console.print(table)
     print(markdown(rows))
-    return 1 if any(row.failed or row.processes_left for row in rows) else 0
+    return 1 if any(row.failed or row.processes_left or row.asyncio_logs for row in rows) else 0
 
 
 if __name__ == "__main__":
