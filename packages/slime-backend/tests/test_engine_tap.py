@@ -37,36 +37,36 @@ async def stack(
         yield double, EngineTap(sg)
 
 
-def request(token: str, length: int = 4) -> GenerateRequest:
-    return GenerateRequest(tuple(range(1, length + 1)), SamplingParams(8), routing_key=token)
+def request(routing_key: str, length: int = 4) -> GenerateRequest:
+    return GenerateRequest(tuple(range(1, length + 1)), SamplingParams(8), routing_key=routing_key)
 
 
-async def test_a_registered_session_routes_by_its_key_and_counts_engine_faults(
+async def test_a_registered_session_keeps_its_routing_key_and_counts_engine_faults(
     stack: tuple[EngineDouble, EngineTap],
 ) -> None:
     double, tap = stack
-    record = tap.register("secret-token", "slime-session-1")
-    await tap.generate(request("secret-token"))
-    chunks = [c async for c in tap.stream(request("secret-token"))]
+    record = tap.register("slime-session-1")
+    await tap.generate(request("slime-session-1"))
+    chunks = [c async for c in tap.stream(request("slime-session-1"))]
     assert chunks[-1].finish_reason is not None
     assert [r.headers["x-smg-routing-key"] for r in double.requests] == ["slime-session-1"] * 2
     assert (record.calls, record.failures, record.last_call_failed) == (2, 0, False)
 
     double.faults = Faults(http_status=500, error_message="CUDA error")
     with pytest.raises(AdapterError):
-        await tap.generate(request("secret-token"))
+        await tap.generate(request("slime-session-1"))
     assert record.last_call_failed
     assert "CUDA error" in record.last_failure
 
     double.faults = Faults()
     NEXT["reply"] = "abort"
-    async for _ in tap.stream(request("secret-token")):
+    async for _ in tap.stream(request("slime-session-1")):
         pass
     assert record.failures == 2
     assert record.last_failure.startswith("the engine aborted the generation")
 
     NEXT["reply"] = "ok"
-    await tap.generate(request("secret-token"))
+    await tap.generate(request("slime-session-1"))
     # The agent got its answer after all; the failures stay counted.
     assert (record.last_call_failed, record.failures) == (False, 2)
 
@@ -75,10 +75,10 @@ async def test_a_refused_request_is_not_an_engine_fault(
     stack: tuple[EngineDouble, EngineTap],
 ) -> None:
     _, tap = stack
-    record = tap.register("t", "k")
+    record = tap.register("k")
     record.failed("earlier outage")
     with pytest.raises(AdapterError) as raised:
-        await tap.generate(request("t", length=100))  # over the double's 64-token context
+        await tap.generate(request("k", length=100))  # over the double's 64-token context
     assert raised.value.kind is not ErrorKind.ENGINE_ERROR
     assert not record.last_call_failed
     assert record.failures == 1
@@ -88,8 +88,9 @@ async def test_unregistered_calls_pass_through_untouched(
     stack: tuple[EngineDouble, EngineTap],
 ) -> None:
     double, tap = stack
-    tap.register("t", "k")
-    tap.release("t")
-    await tap.generate(request("t"))
-    assert double.requests[-1].headers["x-smg-routing-key"] == "t"
+    record = tap.register("k")
+    tap.release("k")
+    await tap.generate(request("k"))
+    assert double.requests[-1].headers["x-smg-routing-key"] == "k"
+    assert record.calls == 0
     assert await tap.context_length() == 64

@@ -1,17 +1,14 @@
-"""The adapter's engine, seen per episode: its routing key and whether the engine failed it.
+"""The adapter's engine, seen per episode: whether the engine failed it.
 
-Two things the generate function needs are not the adapter's business, so they live in a thin
-:class:`~protocol_adapters.engine.Engine` wrapper between the adapter and slime's router:
-
-- **Routing.** slime gives every training sample a ``session_id`` and its router hashes
-  ``X-SMG-Routing-Key`` to pick an engine, so an episode's calls should carry that id. The
-  adapter keys the header on the session's token, which is the agent's API key and must stay a
-  secret of its own; the tap swaps the token for the episode's routing key on the way out.
-- **Engine failures.** When the engine is down or fails a call, the agent sees an error, may
-  retry, and may end the episode without the model. Its reward would then grade the outage, not
-  the policy. The tap counts, per episode, the calls the engine failed (unreachable, timed out,
-  broke the answer, or aborted the generation) and whether the agent's last model call was one
-  of them; the generate function aborts such an episode.
+slime gives every training sample a ``session_id``, which the generate function opens the
+adapter's session with; the adapter routes each call by its session's id (slime's router hashes
+``X-SMG-Routing-Key`` to pick an engine), so the routing key names the episode. A thin
+:class:`~protocol_adapters.engine.Engine` wrapper between the adapter and slime's router uses it
+to record what is not the adapter's business: **engine failures**. When the engine is down or
+fails a call, the agent sees an error, may retry, and may end the episode without the model. Its
+reward would then grade the outage, not the policy. The tap counts, per episode, the calls the
+engine failed (unreachable, timed out, broke the answer, or aborted the generation) and whether
+the agent's last model call was one of them; the generate function aborts such an episode.
 
 Calls the engine refused for the request's own sake (a prompt over the context) and calls the
 client abandoned (cancelled) are neither failures nor successes.
@@ -19,7 +16,6 @@ client abandoned (cancelled) are neither failures nor successes.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -63,15 +59,14 @@ class EngineTap:
         self._engine = engine
         self._records: dict[str, EngineRecord] = {}
 
-    def register(self, token: str, routing_key: str) -> EngineRecord:
-        """Start recording the session whose token is ``token``; its calls route by
-        ``routing_key``."""
+    def register(self, routing_key: str) -> EngineRecord:
+        """Start recording the calls of the session whose id (the calls' routing key) this is."""
         record = EngineRecord(routing_key)
-        self._records[token] = record
+        self._records[routing_key] = record
         return record
 
-    def release(self, token: str) -> None:
-        self._records.pop(token, None)
+    def release(self, routing_key: str) -> None:
+        self._records.pop(routing_key, None)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         record, request = self._route(request)
@@ -107,10 +102,9 @@ class EngineTap:
 
     def _route(self, request: GenerateRequest) -> tuple[EngineRecord | None, GenerateRequest]:
         record = self._records.get(request.routing_key or "")
-        if record is None:
-            return None, request
-        record.calls += 1
-        return record, dataclasses.replace(request, routing_key=record.routing_key)
+        if record is not None:
+            record.calls += 1
+        return record, request
 
 
 def _failed(record: EngineRecord | None, exc: AdapterError) -> None:

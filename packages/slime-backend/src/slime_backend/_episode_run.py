@@ -95,7 +95,7 @@ async def run_episode(
         logger.error("agent-rl episode %s aborted: %s", request.session_id, exc)
         return aborted_report(request.session_id, str(exc), worker=worker)
     session = server.sessions.open(request.session_id)
-    record = runtime.tap.register(session.token, request.session_id)
+    record = runtime.tap.register(request.session_id)
     settings = runtime.setup.settings.episode
     budgets = Budgets(
         wall_clock_s=settings.wall_clock_s,
@@ -111,7 +111,7 @@ async def run_episode(
     finally:
         app_s = time.monotonic() - app_started
         closed = await server.close_session(session.token)
-        runtime.tap.release(session.token)
+        runtime.tap.release(request.session_id)
     if outcome.status is not EpisodeStatus.ABORTED and record.last_call_failed:
         outcome = EpisodeOutcome.aborted(
             f"the engine failed the agent's last model call ({record.last_failure}); "
