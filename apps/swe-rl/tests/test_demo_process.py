@@ -137,7 +137,9 @@ def test_sigterm_finishes_what_it_can_and_exits_clean(tmp_path: Path, subreaper:
         json.loads(line)["index"] for line in (out / "samples.jsonl").read_text().splitlines()
     }
     assert {e["index"] for e in finished} <= written
-    assert our_children() == {}
+    # A launcher killed mid-create can hand its already-exited helpers (a `mount` of the
+    # staging step) to the subreaper as zombies: ours to reap, not a leak. Nothing may live.
+    assert orphans_alive() == {}
     assert leftovers(scratch) == []
 
 
