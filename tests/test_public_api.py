@@ -43,12 +43,11 @@ PINNED = {
             "GenerateChunk", "GenerateRequest", "GenerateResult", "ParserConfig",
             "QwenTokenizerConfig", "Renderer", "RendererConfig", "RolloutSampling",
             "SGLangConfig", "SGLangEngine", "SamplingParams", "Session", "SessionLimits",
-            "SideRequestRule", "TemplateMode", "TemplateRefused", "ToolCallFormat", "Vocabulary",
-            "load_checkpoint", "load_qwen3_vocabulary", "qwen3_template", "reply_parsers", "serve",
+            "SideRequestRule", "TemplateMode", "TemplateRefused", "ToolCallFormat", "TurnTiming",
+            "TurnTimings", "Vocabulary", "load_checkpoint", "load_qwen3_vocabulary",
+            "qwen3_template", "reply_parsers", "serve",
         ),
-        # testing is public; the others are internal by the package's docstring (their engineers
-        # are still moving code between them, so they keep their names for now).
-        ("dialects", "engine", "parsing", "rendering", "server", "testing", "tokenizer", "types"),
+        ("testing",),
     ),
     "sandbox": Pinned(
         (

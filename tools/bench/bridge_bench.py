@@ -47,8 +47,8 @@ from protocol_adapters import (
     load_qwen3_vocabulary,
     qwen3_template,
 )
-from protocol_adapters.parsing import BuiltinReplyParser
-from protocol_adapters.rendering.template_messages import template_messages, template_tools
+from protocol_adapters._parsing import BuiltinReplyParser
+from protocol_adapters._rendering.template_messages import template_messages, template_tools
 from trajectory_tree import (
     Completion,
     FinishReason,
@@ -174,7 +174,7 @@ def main() -> None:
     console = Console(width=160)
     vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(args.cache_dir))
     template = qwen3_template()
-    hf = PreTrainedTokenizerFast(tokenizer_object=vocabulary.tokenizer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=vocabulary.tokenizer)  # type: ignore[no-untyped-call]
     console.print(
         f"[bold]bridge_bench[/] Qwen3 vocabulary ({vocabulary.size} tokens), load average "
         f"{os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, median of {args.reps}, "

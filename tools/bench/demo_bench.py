@@ -36,7 +36,7 @@ PARTS = ("repository", "sandbox", "setup", "diff", "grading", "session", "conver
 
 def episode_costs(run_dir: Path) -> list[dict[str, float]]:
     """Per episode: the CLI's run, the generate call, and each part of the overhead (s)."""
-    costs = []
+    costs: list[dict[str, float]] = []
     for line in (run_dir / "samples.jsonl").read_text().splitlines():
         sample = json.loads(line)
         facts = sample["metadata"]["agent_rl"]["episode"]

@@ -30,7 +30,7 @@ own CPU; the event
 loop's lag (a 10 ms sleep's overshoot, sampled all along) in the driver and, in ``process``
 placement, in the adapter (``--adapter-nice`` gives that process a scheduling priority, and
 ``--adapter-loop uvloop`` runs it on uvloop); the adapter-added latency per turn (body read ->
-engine call, plus engine's last token -> last byte flushed: ``protocol_adapters.server.timing``)
+engine call, plus engine's last token -> last byte flushed: ``protocol_adapters.TurnTimings``)
 and, apart, the time from a request's headers to its whole body (the sandbox's relay, which
 runs in the driver, and the agent set that pace, not the adapter); the longest
 garbage collection in the driver; the ``asyncio`` logger's warnings and errors (driver and
@@ -73,17 +73,22 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from protocol_adapters.engine import SGLangConfig, SGLangEngine
-from protocol_adapters.rendering.renderer import Renderer
-from protocol_adapters.rendering.template import qwen3_template
-from protocol_adapters.server.config import AdapterConfig, AdminConfig
-from protocol_adapters.server.ports import reply_parsers
-from protocol_adapters.server.runner import AdapterServer
-from protocol_adapters.server.timing import TurnTimings
+from protocol_adapters import (
+    AdapterConfig,
+    AdapterServer,
+    AdminConfig,
+    QwenTokenizerConfig,
+    Renderer,
+    SGLangConfig,
+    SGLangEngine,
+    TurnTimings,
+    Vocabulary,
+    load_qwen3_vocabulary,
+    qwen3_template,
+    reply_parsers,
+)
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 from sandbox import ForwardedEndpoint, LocalBackend, LocalConfig, SandboxSpec
 from trajectory_tree import loads
 
@@ -248,7 +253,7 @@ def serve_adapter(
             )
 
     if loop_kind == "uvloop":
-        import uvloop
+        import uvloop  # type: ignore[import-not-found,unused-ignore]  # optional: --with uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             stats = runner.run(main())
@@ -343,6 +348,7 @@ class ScriptedAgent:
             spec = SandboxSpec(network=ForwardedEndpoint("127.0.0.1", port))
             async with await self.backend.create(spec) as box:
                 await box.write_file("agent.sh", AGENT_SCRIPT)
+                assert box.endpoint_url is not None  # the spec forwards a port
                 env = {"TOKEN": session.token, "URL": box.endpoint_url, "TURNS": str(self.turns)}
                 result = await box.exec("bash agent.sh", env=env, timeout=600)
         finally:

@@ -49,7 +49,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text as RichText
 
-from protocol_adapters.dialects.anthropic import parse_request
+from protocol_adapters._dialects.anthropic import parse_request
 from trajectory_tree import (
     BridgedPrompt,
     Completion,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from protocol_adapters._tokenizer import Vocabulary
+from protocol_adapters._tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 
 
 @pytest.fixture(scope="session")

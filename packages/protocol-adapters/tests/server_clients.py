@@ -22,11 +22,11 @@ import openai
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import Session
+from protocol_adapters._server.config import AdapterConfig
+from protocol_adapters._server.sessions import Session
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 
 Dialect = Literal["anthropic", "openai_chat", "openai_responses"]
 DIALECTS: tuple[Dialect, ...] = ("anthropic", "openai_chat", "openai_responses")

@@ -18,11 +18,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters.parsing import BuiltinReplyParser
-from protocol_adapters.rendering import Renderer
-from protocol_adapters.rendering.renderer import RenderedPrompt
-from protocol_adapters.rendering.template_messages import template_messages, template_tools
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters._parsing import BuiltinReplyParser
+from protocol_adapters._rendering import Renderer
+from protocol_adapters._rendering.renderer import RenderedPrompt
+from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import (
     Completion,
     FinishReason,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol_adapters.server import body as body_module
-from protocol_adapters.server.body import decode_body, loads_in_steps
-from protocol_adapters.types import AdapterError
+from protocol_adapters._server import body as body_module
+from protocol_adapters._server.body import decode_body, loads_in_steps
+from protocol_adapters._types import AdapterError
 
 # Characters whose escapes are long (\uXXXX, surrogate pairs) or short (\n, \\, \"), mixed with
 # plain text, so slices fall next to and inside escapes.

@@ -13,9 +13,9 @@ from pathlib import Path
 import aiohttp
 import anthropic
 
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import loads
 
 ADMIN_TOKEN = "s3cret-admin"

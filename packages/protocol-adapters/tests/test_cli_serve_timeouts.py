@@ -9,10 +9,10 @@ import aiohttp
 import pytest
 
 from protocol_adapters.__main__ import _parser, engine_config, main
-from protocol_adapters.engine import SGLangConfig
+from protocol_adapters._engine import SGLangConfig
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
 
 from .test_cli_serve import serve_command, serving
 

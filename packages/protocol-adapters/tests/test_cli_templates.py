@@ -19,10 +19,10 @@ import anthropic
 import pytest
 
 from protocol_adapters.__main__ import _parser, _policy, main
-from protocol_adapters.rendering.renderer import TEMPLATE_MODE
+from protocol_adapters._rendering.renderer import TEMPLATE_MODE
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import Message, Prompt, SessionTree, loads
 
 from .template_session import SPECIAL, reference_ids, trait_template

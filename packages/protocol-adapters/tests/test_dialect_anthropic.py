@@ -25,16 +25,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from protocol_adapters.dialects import DIALECTS
-from protocol_adapters.dialects.anthropic import (
+from protocol_adapters._dialects import DIALECTS
+from protocol_adapters._dialects.anthropic import (
     RAW_ARGUMENTS_KEY,
     StreamEncoder,
     error_response,
     parse_request,
     response_body,
 )
-from protocol_adapters.dialects.opaque import thinking_signature
-from protocol_adapters.types import (
+from protocol_adapters._dialects.opaque import thinking_signature
+from protocol_adapters._types import (
     AdapterError,
     ErrorKind,
     ParsedReply,

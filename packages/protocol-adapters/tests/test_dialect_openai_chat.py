@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from protocol_adapters.dialects import DIALECTS
-from protocol_adapters.dialects.openai_chat import (
+from protocol_adapters._dialects import DIALECTS
+from protocol_adapters._dialects.openai_chat import (
     StreamEncoder,
     error_response,
     parse_request,
     response_body,
 )
-from protocol_adapters.types import (
+from protocol_adapters._types import (
     AdapterError,
     ErrorKind,
     ParsedReply,

@@ -22,15 +22,15 @@ from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from protocol_adapters.dialects import DIALECTS
-from protocol_adapters.dialects.opaque import decode_reasoning, encode_reasoning
-from protocol_adapters.dialects.openai_responses import (
+from protocol_adapters._dialects import DIALECTS
+from protocol_adapters._dialects.opaque import decode_reasoning, encode_reasoning
+from protocol_adapters._dialects.openai_responses import (
     StreamEncoder,
     error_response,
     parse_request,
     response_body,
 )
-from protocol_adapters.types import (
+from protocol_adapters._types import (
     AdapterError,
     ErrorKind,
     ParsedReply,

@@ -26,11 +26,11 @@ import anthropic
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters.engine import GenerateRequest, SamplingParams, SGLangConfig, SGLangEngine
+from protocol_adapters._engine import GenerateRequest, SamplingParams, SGLangConfig, SGLangEngine
+from protocol_adapters._tokenizer import Vocabulary
+from protocol_adapters._types import AdapterError, ErrorKind
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.testing.stack import local_stack
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.types import AdapterError, ErrorKind
 
 FIXTURE = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 CONNECT_TIMEOUT = 0.2

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters.engine import (
+from protocol_adapters._engine import (
     Engine,
     GenerateChunk,
     GenerateRequest,
@@ -20,8 +20,8 @@ from protocol_adapters.engine import (
     SGLangConfig,
     SGLangEngine,
 )
+from protocol_adapters._types import AdapterError, ErrorKind
 from protocol_adapters.testing import EngineDouble, Faults, Malformation, ScriptedReply
-from protocol_adapters.types import AdapterError, ErrorKind
 from trajectory_tree import FinishReason
 
 FIXTURE = Path(__file__).parent / "fixtures" / "small_tokenizer.json"

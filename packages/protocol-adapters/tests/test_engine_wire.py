@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_adapters.engine import GenerateRequest, SamplingParams, SGLangConfig
-from protocol_adapters.engine.sse import SSEParser
-from protocol_adapters.engine.wire import (
+from protocol_adapters._engine import GenerateRequest, SamplingParams, SGLangConfig
+from protocol_adapters._engine.sse import SSEParser
+from protocol_adapters._engine.wire import (
     StreamDecoder,
     context_length_of,
     engine_message,
@@ -19,7 +19,7 @@ from protocol_adapters.engine.wire import (
     parse_result,
     request_body,
 )
-from protocol_adapters.types import AdapterError, ErrorKind
+from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import FinishReason
 
 REQ = GenerateRequest(input_ids=(1, 2, 3), sampling=SamplingParams(max_new_tokens=8), rid="r")

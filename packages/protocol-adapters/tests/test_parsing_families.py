@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol_adapters.parsing import BuiltinReplyParser, ParserConfig, ToolCallFormat
-from protocol_adapters.parsing.config import SGLANG_TOOL_PARSERS
-from protocol_adapters.types import ParsedReply
+from protocol_adapters._parsing import BuiltinReplyParser, ParserConfig, ToolCallFormat
+from protocol_adapters._parsing.config import SGLANG_TOOL_PARSERS
+from protocol_adapters._types import ParsedReply
 from trajectory_tree import Message, Reasoning, Text, ToolCall, ToolSpec
 
 TOOLS = (

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol_adapters.parsing import (
+from protocol_adapters._parsing import (
     BuiltinReplyParser,
     IncrementalDecoder,
     ParserBackend,
@@ -23,8 +23,8 @@ from protocol_adapters.parsing import (
     resolve_backend,
     sglang_available,
 )
-from protocol_adapters.tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-from protocol_adapters.types import ParsedReply, ReasoningDelta, TextDelta, ToolCallDone
+from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
+from protocol_adapters._types import ParsedReply, ReasoningDelta, TextDelta, ToolCallDone
 from trajectory_tree import Message, Reasoning, Text, ToolCall, ToolSpec
 
 XML = ParserConfig(tool_format=ToolCallFormat.QWEN3_CODER_XML)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters.parsing import BuiltinReplyParser
-from protocol_adapters.rendering import ChatTemplate, Renderer, RendererConfig, qwen3_template
-from protocol_adapters.rendering.renderer import ENDS_ON_REPLY, PROMPT_MISMATCH
-from protocol_adapters.rendering.template_messages import template_messages, template_tools
-from protocol_adapters.tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-from protocol_adapters.types import AdapterError
+from protocol_adapters._parsing import BuiltinReplyParser
+from protocol_adapters._rendering import ChatTemplate, Renderer, RendererConfig, qwen3_template
+from protocol_adapters._rendering.renderer import ENDS_ON_REPLY, PROMPT_MISMATCH
+from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
+from protocol_adapters._types import AdapterError
 from trajectory_tree import (
     BridgedPrompt,
     Completion,

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters.parsing import BuiltinReplyParser
-from protocol_adapters.rendering import Renderer, RendererConfig, qwen3_template
-from protocol_adapters.rendering.template_messages import template_messages, template_tools
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters._parsing import BuiltinReplyParser
+from protocol_adapters._rendering import Renderer, RendererConfig, qwen3_template
+from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import (
     BridgedPrompt,
     Completion,

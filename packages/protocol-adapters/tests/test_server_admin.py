@@ -13,11 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protocol_adapters.server import admin as admin_module
-from protocol_adapters.server.config import AdapterConfig, AdminConfig
+from protocol_adapters._server import admin as admin_module
+from protocol_adapters._server.config import AdapterConfig, AdminConfig
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import Faults, ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import FinishReason, SessionTree, dumps, loads
 
 from .server_clients import always_ok, sdk_post

@@ -12,13 +12,13 @@ import aiohttp
 import anthropic
 import pytest
 
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
-from protocol_adapters.server.workers import LargeBodies
+from protocol_adapters._server.config import AdapterConfig
+from protocol_adapters._server.sessions import SessionLimits
+from protocol_adapters._server.workers import LargeBodies
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import TrustViolation, check_engine_tokens_trained
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import LossReason, linearize
 
 from .server_checks import assert_engine_tokens_trained

@@ -16,10 +16,10 @@ from typing import Any
 import openai
 import pytest
 
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters._server.config import AdapterConfig
+from protocol_adapters._server.sessions import SessionLimits
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import Faults
-from protocol_adapters.tokenizer import Vocabulary
 
 from .server_clients import (
     DIALECTS,

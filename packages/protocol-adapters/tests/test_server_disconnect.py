@@ -13,14 +13,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protocol_adapters.dialects import DIALECTS as DIALECTS_BY_NAME
-from protocol_adapters.parsing.select import ReplyParser
-from protocol_adapters.server.ports import reply_parsers
-from protocol_adapters.server.turn import TurnRunner
+from protocol_adapters._dialects import DIALECTS as DIALECTS_BY_NAME
+from protocol_adapters._parsing.select import ReplyParser
+from protocol_adapters._server.ports import reply_parsers
+from protocol_adapters._server.turn import TurnRunner
+from protocol_adapters._tokenizer import Vocabulary
+from protocol_adapters._types import ParsedReply, TextDelta
 from protocol_adapters.testing import Faults, ScriptedReply
 from protocol_adapters.testing.stack import local_stack
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.types import ParsedReply, TextDelta
 from trajectory_tree import Exclusion, FinishReason, LossReason, linearize
 
 from .server_checks import assert_engine_tokens_trained

@@ -9,10 +9,10 @@ from typing import Any
 
 import aiohttp
 
-from protocol_adapters.server.config import AdapterConfig
+from protocol_adapters._server.config import AdapterConfig
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import linearize
 
 from .server_checks import assert_engine_tokens_trained

@@ -14,9 +14,9 @@ from pathlib import Path
 import anthropic
 import pytest
 
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import Exclusion, FinishReason, LossReason, linearize
 
 from .server_checks import assert_engine_tokens_trained

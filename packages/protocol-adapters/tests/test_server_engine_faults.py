@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from protocol_adapters.engine import SGLangConfig
+from protocol_adapters._engine import SGLangConfig
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import Faults, Malformation
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import FinishReason
 
 from .server_clients import (

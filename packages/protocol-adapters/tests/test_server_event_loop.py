@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol_adapters.server.config import AdapterConfig, AdminConfig
+from protocol_adapters._server.config import AdapterConfig, AdminConfig
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import local_stack
-from protocol_adapters.tokenizer import Vocabulary
 
 from .loop_agents import Plan, plans_json
 

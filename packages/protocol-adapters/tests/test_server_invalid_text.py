@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from protocol_adapters.tokenizer import Vocabulary
+from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import dumps, linearize, loads
 
 from .server_clients import (

@@ -13,9 +13,9 @@ from typing import Any
 import openai
 import pytest
 
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import LossReason, linearize
 
 from .server_checks import assert_engine_tokens_trained

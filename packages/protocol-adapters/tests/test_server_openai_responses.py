@@ -14,11 +14,11 @@ from typing import Any
 import openai
 import pytest
 
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.sessions import SessionLimits
+from protocol_adapters._server.config import AdapterConfig
+from protocol_adapters._server.sessions import SessionLimits
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import LossReason, Reasoning, linearize
 
 from .server_checks import assert_engine_tokens_trained

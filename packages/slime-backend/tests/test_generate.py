@@ -461,7 +461,7 @@ from pathlib import Path
 
 from protocol_adapters.testing import EngineDouble, Faults
 from protocol_adapters.testing.stack import VocabularyTokenizer
-from protocol_adapters.tokenizer.checkpoint import load_checkpoint
+from protocol_adapters import load_checkpoint
 from rollout_kit import AgentModel, base_group, scripted_episode
 from slime_backend import AgentSettings, BackendSettings, EpisodeSettings
 from slime_backend.generate import make_generate

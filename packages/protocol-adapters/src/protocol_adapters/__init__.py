@@ -11,9 +11,9 @@
         tree = (await server.close_session(session.token)).tree
 
 The public API is what this module exports, plus :mod:`protocol_adapters.testing` (an engine
-double speaking SGLang's wire, for tests and demos). The subpackages behind it (``dialects``,
-``engine``, ``parsing``, ``rendering``, ``server``, ``tokenizer``) are internal and may change in
-any release. Names load on first use, so importing one part never starts the whole server stack.
+double speaking SGLang's wire, for tests and demos). Every module behind it is private (a
+leading underscore) and may change in any release. Names load on first use, so importing one
+part never starts the whole server stack.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from protocol_adapters._serve import serve
-    from protocol_adapters.engine import (
+    from protocol_adapters._engine import (
         Engine,
         GenerateChunk,
         GenerateRequest,
@@ -31,18 +30,20 @@ if TYPE_CHECKING:
         SGLangConfig,
         SGLangEngine,
     )
-    from protocol_adapters.parsing.config import ParserConfig, ToolCallFormat
-    from protocol_adapters.rendering.renderer import Renderer, RendererConfig
-    from protocol_adapters.rendering.template import ChatTemplate, qwen3_template
-    from protocol_adapters.rendering.verdict import TemplateMode, TemplateRefused
-    from protocol_adapters.server.config import AdapterConfig, AdminConfig, RolloutSampling
-    from protocol_adapters.server.ports import reply_parsers
-    from protocol_adapters.server.runner import AdapterServer
-    from protocol_adapters.server.sessions import ContextTooLarge, Session, SessionLimits
-    from protocol_adapters.server.side_requests import SideRequestRule
-    from protocol_adapters.tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-    from protocol_adapters.tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-    from protocol_adapters.types import AdapterError, ErrorKind
+    from protocol_adapters._parsing.config import ParserConfig, ToolCallFormat
+    from protocol_adapters._rendering.renderer import Renderer, RendererConfig
+    from protocol_adapters._rendering.template import ChatTemplate, qwen3_template
+    from protocol_adapters._rendering.verdict import TemplateMode, TemplateRefused
+    from protocol_adapters._serve import serve
+    from protocol_adapters._server.config import AdapterConfig, AdminConfig, RolloutSampling
+    from protocol_adapters._server.ports import reply_parsers
+    from protocol_adapters._server.runner import AdapterServer
+    from protocol_adapters._server.sessions import ContextTooLarge, Session, SessionLimits
+    from protocol_adapters._server.side_requests import SideRequestRule
+    from protocol_adapters._server.timing import TurnTiming, TurnTimings
+    from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
+    from protocol_adapters._tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+    from protocol_adapters._types import AdapterError, ErrorKind
 
     __version__: str
 
@@ -74,6 +75,8 @@ __all__ = [
     "TemplateMode",
     "TemplateRefused",
     "ToolCallFormat",
+    "TurnTiming",
+    "TurnTimings",
     "Vocabulary",
     "load_checkpoint",
     "load_qwen3_vocabulary",
@@ -85,7 +88,7 @@ __all__ = [
 # Where each exported name lives; the TYPE_CHECKING imports above say the same to type checkers.
 _HOMES = {
     "protocol_adapters._serve": ("serve",),
-    "protocol_adapters.engine": (
+    "protocol_adapters._engine": (
         "Engine",
         "GenerateChunk",
         "GenerateRequest",
@@ -94,18 +97,19 @@ _HOMES = {
         "SGLangEngine",
         "SamplingParams",
     ),
-    "protocol_adapters.parsing.config": ("ParserConfig", "ToolCallFormat"),
-    "protocol_adapters.rendering.renderer": ("Renderer", "RendererConfig"),
-    "protocol_adapters.rendering.template": ("ChatTemplate", "qwen3_template"),
-    "protocol_adapters.rendering.verdict": ("TemplateMode", "TemplateRefused"),
-    "protocol_adapters.server.config": ("AdapterConfig", "AdminConfig", "RolloutSampling"),
-    "protocol_adapters.server.ports": ("reply_parsers",),
-    "protocol_adapters.server.runner": ("AdapterServer",),
-    "protocol_adapters.server.sessions": ("ContextTooLarge", "Session", "SessionLimits"),
-    "protocol_adapters.server.side_requests": ("SideRequestRule",),
-    "protocol_adapters.tokenizer": ("QwenTokenizerConfig", "Vocabulary", "load_qwen3_vocabulary"),
-    "protocol_adapters.tokenizer.checkpoint": ("Checkpoint", "CheckpointError", "load_checkpoint"),
-    "protocol_adapters.types": ("AdapterError", "ErrorKind"),
+    "protocol_adapters._parsing.config": ("ParserConfig", "ToolCallFormat"),
+    "protocol_adapters._rendering.renderer": ("Renderer", "RendererConfig"),
+    "protocol_adapters._rendering.template": ("ChatTemplate", "qwen3_template"),
+    "protocol_adapters._rendering.verdict": ("TemplateMode", "TemplateRefused"),
+    "protocol_adapters._server.config": ("AdapterConfig", "AdminConfig", "RolloutSampling"),
+    "protocol_adapters._server.ports": ("reply_parsers",),
+    "protocol_adapters._server.runner": ("AdapterServer",),
+    "protocol_adapters._server.sessions": ("ContextTooLarge", "Session", "SessionLimits"),
+    "protocol_adapters._server.side_requests": ("SideRequestRule",),
+    "protocol_adapters._server.timing": ("TurnTiming", "TurnTimings"),
+    "protocol_adapters._tokenizer": ("QwenTokenizerConfig", "Vocabulary", "load_qwen3_vocabulary"),
+    "protocol_adapters._tokenizer.checkpoint": ("Checkpoint", "CheckpointError", "load_checkpoint"),
+    "protocol_adapters._types": ("AdapterError", "ErrorKind"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

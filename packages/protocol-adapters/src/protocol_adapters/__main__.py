@@ -6,7 +6,7 @@
     protocol-adapters check-template /ckpt/Qwen3-8B          # or a .jinja file
 
 Sessions are opened and closed over ``/admin/sessions`` on the admin port, with the admin token
-(see ``server/admin.py``); the agent-facing port has no session API. The context length is the
+(see ``_server/admin.py``); the agent-facing port has no session API. The context length is the
 engine's unless ``--context-tokens`` sets a smaller one. The chat template is audited at start
 and refused unless the bridge serves it exactly or ``--template-mode`` says how to serve it.
 Everything here maps flags onto typed configuration; nothing reads the environment.
@@ -23,24 +23,24 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from protocol_adapters.engine import SGLangConfig, SGLangEngine
-from protocol_adapters.parsing import ParserConfig, ToolCallFormat
-from protocol_adapters.rendering.audit import audit_source
-from protocol_adapters.rendering.renderer import Renderer, RendererConfig
-from protocol_adapters.rendering.template import ChatTemplate, TemplateError, qwen3_template
-from protocol_adapters.rendering.verdict import TemplateMode, TemplateRefused, Verdict
-from protocol_adapters.server.config import AdapterConfig, AdminConfig, RolloutSampling
-from protocol_adapters.server.ports import reply_parsers
-from protocol_adapters.server.runner import AdapterServer
-from protocol_adapters.server.sessions import ContextTooLarge, SessionLimits
-from protocol_adapters.tokenizer import Vocabulary
-from protocol_adapters.tokenizer.checkpoint import (
+from protocol_adapters._engine import SGLangConfig, SGLangEngine
+from protocol_adapters._parsing import ParserConfig, ToolCallFormat
+from protocol_adapters._rendering.audit import audit_source
+from protocol_adapters._rendering.renderer import Renderer, RendererConfig
+from protocol_adapters._rendering.template import ChatTemplate, TemplateError, qwen3_template
+from protocol_adapters._rendering.verdict import TemplateMode, TemplateRefused, Verdict
+from protocol_adapters._server.config import AdapterConfig, AdminConfig, RolloutSampling
+from protocol_adapters._server.ports import reply_parsers
+from protocol_adapters._server.runner import AdapterServer
+from protocol_adapters._server.sessions import ContextTooLarge, SessionLimits
+from protocol_adapters._tokenizer import Vocabulary
+from protocol_adapters._tokenizer.checkpoint import (
     CheckpointError,
     chat_template_source,
     load_checkpoint,
 )
-from protocol_adapters.tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
-from protocol_adapters.types import AdapterError
+from protocol_adapters._tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
+from protocol_adapters._types import AdapterError
 
 
 def _parser() -> argparse.ArgumentParser:

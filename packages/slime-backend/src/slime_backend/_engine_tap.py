@@ -3,7 +3,7 @@
 slime gives every training sample a ``session_id``, which the generate function opens the
 adapter's session with; the adapter routes each call by its session's id (slime's router hashes
 ``X-SMG-Routing-Key`` to pick an engine), so the routing key names the episode. A thin
-:class:`~protocol_adapters.engine.Engine` wrapper between the adapter and slime's router uses it
+:class:`~protocol_adapters.Engine` wrapper between the adapter and slime's router uses it
 to record what is not the adapter's business: **engine failures**. When the engine is down or
 fails a call, the agent sees an error, may retry, and may end the episode without the model. Its
 reward would then grade the outage, not the policy. The tap counts, per episode, the calls the

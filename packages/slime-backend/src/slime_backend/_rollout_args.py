@@ -91,7 +91,7 @@ class RolloutArgs:
         return cls(checkpoint, f"http://{ip}:{port}", tool, reasoning, context)
 
     def parser_config(self) -> Any:
-        """The adapters' :class:`~protocol_adapters.parsing.ParserConfig` for these names."""
+        """The adapters' :class:`~protocol_adapters.ParserConfig` for these names."""
         from protocol_adapters import ParserConfig, ToolCallFormat
 
         reasoning = self.reasoning_parser

@@ -1,0 +1,128 @@
+"""Session lifecycle over HTTP, for callers in another process (a rollout worker, a Ray actor).
+
+In-process callers use :class:`AdapterServer` directly; this API exists so the adapter can run as
+its own service. It is an application of its own, served on its own listener
+(:class:`AdminConfig`), because the agent-facing port is forwarded into sandboxes: an agent that
+could reach this API could read or close its own episode. Every call must carry the admin token as
+a bearer token; session tokens are credentials for one session's model calls and nothing else.
+
+Closing a session serializes its tree *before* forgetting it: if anything went wrong on the way,
+the session would still be there to be read or closed again, never lost with its turns.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from protocol_adapters._dialects.json_shape import text_problem
+from protocol_adapters._types import AdapterError
+
+from .config import AdminConfig
+from .sessions import Session, SessionLimits, SessionRegistry
+from .tree_json import tree_json
+
+log = logging.getLogger(__name__)
+
+StopSession = Callable[[Session], Awaitable[None]]
+"""Refuses a session's new calls, aborts its generations, waits until its tree is final."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        offered.strip().encode("utf-8", "surrogateescape"), token.encode()
+    )
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+async def _tree_json(session: Session) -> web.Response:
+    return web.Response(text=await tree_json(session.tree), content_type="application/json")
+
+
+def _limit(body: Mapping[str, object], key: str, default: int | None) -> int | None:
+    value = body.get(key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    return value
+
+
+def create_admin_app(
+    config: AdminConfig, defaults: SessionLimits, sessions: SessionRegistry, stop: StopSession
+) -> web.Application:
+    """``POST /admin/sessions``, ``GET /admin/sessions/{token}/tree``,
+    ``DELETE /admin/sessions/{token}``; anything else is a 404."""
+
+    @web.middleware
+    async def admin_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not _authorized(request, config.token):
+            return _error(401, "admin token required")
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            return _error(exc.status, exc.reason)
+        except Exception as exc:  # the service stays up; the caller gets a JSON error
+            log.exception("unexpected error handling %s %s", request.method, request.path)
+            return _error(500, f"internal error: {type(exc).__name__}")
+
+    async def open_session(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return _error(400, "body must be JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be a JSON object")
+        session_id = body.get("session_id", "")
+        if not isinstance(session_id, str):
+            return _error(400, "session_id must be a string")
+        if (problem := text_problem(session_id)) is not None:
+            return _error(400, f"session_id {problem}")
+        try:
+            max_turns = _limit(body, "max_turns", defaults.max_turns)
+            if max_turns is None:
+                raise ValueError("max_turns must be an integer, got None")
+            context = _limit(body, "context_tokens", defaults.context_tokens)
+            session = sessions.open(session_id, limits=SessionLimits(max_turns, context))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"token": session.token, "session_id": session.tree.session_id})
+
+    def open_one(request: web.Request) -> Session | None:
+        try:
+            return sessions.get(request.match_info["token"])
+        except AdapterError:
+            return None
+
+    async def get_tree(request: web.Request) -> web.StreamResponse:
+        session = open_one(request)
+        if session is None:
+            return _error(404, "no open session with this token")
+        return await _tree_json(session)
+
+    async def close_session(request: web.Request) -> web.StreamResponse:
+        session = open_one(request)
+        if session is None:
+            return _error(404, "no open session with this token")
+        await stop(session)
+        # Serialized first: a failure here keeps the session open.
+        answer = await _tree_json(session)
+        sessions.close(session.token)
+        return answer
+
+    async def not_found(request: web.Request) -> web.StreamResponse:
+        return _error(404, f"no route for {request.method} {request.path}")
+
+    app = web.Application(middlewares=[admin_only])
+    app.router.add_post("/admin/sessions", open_session)
+    app.router.add_get("/admin/sessions/{token}/tree", get_tree)
+    app.router.add_delete("/admin/sessions/{token}", close_session)
+    app.router.add_route("*", "/{tail:.*}", not_found)
+    return app
