@@ -130,7 +130,9 @@ def scripted_policy(input_ids: Sequence[int]) -> ScriptedReply:
     return ScriptedReply(text="Looking at the tests.", tool_calls=[("Bash", {"command": "ls"})])
 
 
-def serve_engine(conn: multiprocessing.connection.Connection, agent: str, latency: float) -> None:
+def serve_engine(
+    conn: multiprocessing.connection.Connection, agent: str, latency: float, jitter: float
+) -> None:
     """The engine double until told to stop; sends its URL, then its own CPU seconds."""
     vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(TOKENIZER_CACHE))
     script: Callable[[Sequence[int]], ScriptedReply] = scripted_policy
@@ -143,7 +145,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, agent: str, latenc
         async with EngineDouble(
             VocabularyTokenizer(vocabulary),
             script,
-            faults=Faults(latency=latency),
+            faults=Faults(latency=latency, latency_jitter=jitter),
             context_length=CONTEXT,
             incremental_streaming=True,
         ) as double:
@@ -763,7 +765,8 @@ async def bench(options: argparse.Namespace, console: Console) -> list[Row]:
                 agent = claude
             conn, child = multiprocessing.get_context("spawn").Pipe()
             engine = multiprocessing.get_context("spawn").Process(
-                target=serve_engine, args=(child, agent_name, options.engine_latency)
+                target=serve_engine,
+                args=(child, agent_name, options.engine_latency, options.engine_jitter),
             )
             engine.start()
             keep = {engine.pid or 0}
@@ -807,13 +810,19 @@ def main() -> int:
     )
     parser.add_argument("--turns", type=int, default=10, help="scripted agent's model calls")
     parser.add_argument("--engine-latency", type=float, default=0.2, help="seconds per answer")
+    parser.add_argument(
+        "--engine-jitter",
+        type=float,
+        default=0.0,
+        help="each answer's latency drawn from latency * (1 +- jitter); 0 keeps agents in lockstep",
+    )
     parser.add_argument("--budget", type=float, default=900.0, help="Claude Code's budget, s")
     options = parser.parse_args()
     console = Console(width=250)
     console.print(
         f"node_scale: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
         f"adapter loop {options.adapter_loop}, adapter nice {options.adapter_nice}, "
-        f"engine latency {options.engine_latency}s; "
+        f"engine latency {options.engine_latency}s +- {options.engine_jitter * 100:.0f}%; "
         f"row: {' | '.join(COLUMNS)}",
         highlight=False,
     )

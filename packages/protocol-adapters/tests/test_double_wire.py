@@ -175,6 +175,20 @@ async def test_hang_until_aborted_finishes_as_abort(tokenizer: Any) -> None:
     assert body["meta_info"]["completion_tokens"] == 0
 
 
+async def test_latency_jitter_spreads_each_answer_around_the_latency(tokenizer: Any) -> None:
+    faults = Faults(latency=0.2, latency_jitter=0.5)
+    replies = [ScriptedReply(text="x")] * 12
+    async with EngineDouble(tokenizer, replies, faults=faults) as double:
+        answers = await asyncio.gather(
+            *(post(f"{double.url}/generate", generate_body(rid=f"r{i}")) for i in range(12))
+        )
+    waited = sorted(body["meta_info"]["e2e_latency"] for _, body in answers)
+    assert waited[0] >= 0.1  # never under latency * (1 - jitter)
+    assert waited[-1] - waited[0] > 0.05  # twelve uniform draws over 0.2 s: not one value
+    with pytest.raises(ValueError, match="latency_jitter"):
+        Faults(latency=1.0, latency_jitter=1.5)
+
+
 async def test_refusals_use_sglang_error_shapes(tokenizer: Any) -> None:
     async with EngineDouble(tokenizer, [], context_length=8) as double:
         status, body = await post(f"{double.url}/generate", generate_body(max_new_tokens=6))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +67,9 @@ class Faults:
     """Faults applied to every ``/generate`` while set (assign ``double.faults`` to change).
 
     - ``latency``: seconds before the answer (non-streaming) or the first chunk.
+    - ``latency_jitter``: each request's latency is drawn uniformly from
+      ``latency * (1 ± latency_jitter)``. A real engine's time varies with the output's length;
+      one fixed latency keeps concurrent agents in lockstep, all their requests arriving at once.
     - ``chunk_delay``: seconds between streamed chunks.
     - ``hang``: produce nothing until ``/abort_request`` names the rid (then finish as aborted),
       or the client goes away.
@@ -77,6 +81,7 @@ class Faults:
     """
 
     latency: float = 0.0
+    latency_jitter: float = 0.0
     chunk_delay: float = 0.0
     hang: bool = False
     http_status: int | None = None
@@ -84,6 +89,10 @@ class Faults:
     malformed: Malformation | None = None
     drop_after_chunks: int | None = None
     linger_after_done: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.latency_jitter <= 1.0:
+            raise ValueError(f"latency_jitter must be within [0, 1], not {self.latency_jitter}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,7 +572,12 @@ def _json_text(value: object) -> bool:
 
 
 def _first_delay(faults: Faults) -> float | None:
-    return None if faults.hang else faults.latency
+    if faults.hang:
+        return None
+    if faults.latency_jitter:
+        spread = faults.latency * faults.latency_jitter
+        return max(0.0, random.uniform(faults.latency - spread, faults.latency + spread))
+    return faults.latency
 
 
 def _aborted(message: str) -> dict[str, object]:
