@@ -5,7 +5,9 @@ leased from a configured range. Host files the sandbox can see are then protecte
 permissions (it owns none of them), and the per-user process cap of the kernel (RLIMIT_NPROC)
 becomes a per-sandbox cap. A lease is an exclusive flock on one lock file per uid, so several
 processes on a node (rollout workers) share the range safely, and the kernel releases a lease
-when its holder dies, however it dies.
+when its holder dies, however it dies. A released lease removes its file (still holding the
+lock), so a node that runs for weeks does not keep one file per uid it ever used; a taker that
+locked a file just unlinked sees that the path no longer names it and tries again.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ class UidRange:
 class UidLease:
     """An exclusively held uid; `release()` (idempotent) gives it back."""
 
-    def __init__(self, uid: int, lock_fd: int) -> None:
+    def __init__(self, uid: int, lock_file: Path, lock_fd: int) -> None:
         self.uid = uid
+        self._lock_file = lock_file
         self._lock_fd = lock_fd
 
     def release(self) -> None:
         if self._lock_fd >= 0:
+            self._lock_file.unlink(missing_ok=True)  # under the lock: nobody else holds it
             os.close(self._lock_fd)
             self._lock_fd = -1
 
@@ -58,13 +62,36 @@ def lease_uid(uids: UidRange, default_lock_dir: Path) -> UidLease:
     start = random.randrange(uids.count)  # spread concurrent callers over the range
     for step in range(uids.count):
         uid = uids.first + (start + step) % uids.count
-        fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        lease = _try_lock(lock_dir / str(uid))
+        if lease is not None:
+            return UidLease(uid, *lease)
+    raise SandboxUnavailableError(
+        f"all {uids.count} sandbox uids from {uids.first} are in use (see UidRange)"
+    )
+
+
+def _try_lock(path: Path) -> tuple[Path, int] | None:
+    """Lock the file at `path` (created if missing) unless another holder has it.
+
+    Another holder may unlink the file between our open and our lock; then we hold a lock on a
+    file nobody else can find, which guards nothing. So the lock counts only while `path` still
+    names the file we locked; otherwise we try again on the file there now.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            continue
-        return UidLease(uid, fd)
-    raise SandboxUnavailableError(
-        f"all {uids.count} sandbox uids from {uids.first} are in use (see UidRange)"
-    )
+            return None
+        locked = os.fstat(fd)
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and (current.st_dev, current.st_ino) == (
+            locked.st_dev,
+            locked.st_ino,
+        ):
+            return path, fd
+        os.close(fd)
