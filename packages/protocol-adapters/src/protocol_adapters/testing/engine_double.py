@@ -576,7 +576,7 @@ def _first_delay(faults: Faults) -> float | None:
         return None
     if faults.latency_jitter:
         spread = faults.latency * faults.latency_jitter
-        return max(0.0, random.uniform(faults.latency - spread, faults.latency + spread))
+        return random.uniform(faults.latency - spread, faults.latency + spread)
     return faults.latency
 
 
