@@ -1,296 +1,342 @@
-"""Grading cannot be gamed: every trick earns nothing, an honest fix earns the reward.
+"""`grade()` on patches no capture would produce, runners that no repository configures, report
+channels no leftover process can reach, and a patch of megabytes that never holds the loop.
 
-Each case builds the agent's patch with real git from a real repository, and grades it in a
-real fresh sandbox, through the same `grade` the episodes use. The calc task's tests are plain
-unittest (graded through unittest_junit.py); the pytest task runs the real pytest from this
-test environment, mounted read-only into the sandbox.
+The episode-level tricks are in test_grading_attacks.py; here `grade()` is driven directly with
+patches built by real git (or crafted byte by byte where the point is a malformed patch), in
+real fresh sandboxes, with the test environment's real pytest mounted read-only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
+import json
 import subprocess
-import sys
-from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sandbox import GitWorkspace, LocalBackend, LocalConfig, ReadOnlyBind, SandboxSpec
-from swe_rl.demo.repos import TASKS, create_repository, task_row
-from swe_rl.grading import GradeResult, GradingLog, grade
+from sandbox import GitWorkspace, LocalBackend, LocalConfig, SandboxSpec
+from swe_rl.grading import GradeResult, GradingLimits, GradingLog, Verdict, grade
+from swe_rl.grading.report import parse_json_report
+from swe_rl.grading.runners import TOOLS, Paths, plan
 from swe_rl.sources import RepoSources
-from swe_rl.task import SweTask, parse_task
+from swe_rl.task import PytestRunner, SweTask, parse_task
 
-CALC = next(task for task in TASKS if task.name == "calc-add")
-SITE_PACKAGES = Path(pytest.__file__).resolve().parents[1]
-PYTHON_PREFIX = Path(os.path.realpath(sys.base_prefix))
-PYTHON_INSIDE = "/opt/python/bin/" + Path(os.path.realpath(sys.executable)).name
+from .attack_tasks import (
+    FIXED,
+    PYTHON_INSIDE,
+    TOOLCHAIN_BINDS,
+    TOOLCHAIN_ENV,
+    TaskRepo,
+    git,
+    make_task,
+)
 
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        "PATH": os.environ["PATH"],
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_AUTHOR_NAME": "agent",
-        "GIT_AUTHOR_EMAIL": "agent@example.invalid",
-        "GIT_COMMITTER_NAME": "agent",
-        "GIT_COMMITTER_EMAIL": "agent@example.invalid",
-    }
-    done = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, check=True)
-    return done.stdout.decode()
+WANTED = "tests/test_mathlib.py::test_double"
 
 
-def agent_patch(repo: Path, base: str, edit: Callable[[Path], None], tmp_path: Path) -> bytes:
-    """What the agent's change to a checkout of `repo` looks like as a captured diff."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    work = tmp_path / "agent-work"
-    git(tmp_path, "clone", "--quiet", str(repo), str(work))
-    edit(work)
-    git(work, "add", "--all")
-    diff = subprocess.run(
-        ["git", "diff", "--cached", "--binary", "--full-index", base],
-        cwd=work,
-        capture_output=True,
-        check=True,
-    )
-    return diff.stdout
+class Grader:
+    """One task, its prepared repository and fresh sandboxes to grade patches in."""
 
-
-class Grading:
-    """One task, its prepared repository and fresh sandboxes for grading it."""
-
-    def __init__(self, task: SweTask, repo: Path, backend: LocalBackend) -> None:
+    def __init__(self, task: SweTask, repo: Path, source: Path, backend: LocalBackend) -> None:
         self.task = task
         self.repo = repo
+        self.source = source
         self.backend = backend
         self.log = GradingLog()
+        self.spec = SandboxSpec(
+            workspace=GitWorkspace(repo, task.base_commit),
+            env=TOOLCHAIN_ENV,
+            read_only_binds=TOOLCHAIN_BINDS,
+        )
 
-    async def patch(self, edit: Callable[[Path], None], tmp_path: Path) -> GradeResult:
-        patch = agent_patch(self.repo, self.task.base_commit, edit, tmp_path)
-        binds = (
-            ReadOnlyBind(SITE_PACKAGES, PurePosixPath("/opt/site-packages")),
-            ReadOnlyBind(PYTHON_PREFIX, PurePosixPath("/opt/python")),
+    def patch(self, edit: Callable[[Path], None], tmp_path: Path) -> bytes:
+        """The agent's change as a patch, made with real git in a clone of the task."""
+        work = tmp_path / f"work-{time.monotonic_ns()}"
+        git(tmp_path, "clone", "--quiet", str(self.source), str(work))
+        edit(work)
+        git(work, "add", "--all")
+        done = subprocess.run(
+            ["git", "diff", "--cached", "--binary", "--full-index", self.task.base_commit],
+            cwd=work,
+            capture_output=True,
+            check=True,
         )
-        spec = SandboxSpec(
-            workspace=GitWorkspace(self.repo, self.task.base_commit),
-            env={"LD_LIBRARY_PATH": "/opt/python/lib", "PYTHONPATH": "/opt/site-packages"},
-            read_only_binds=binds,
+        return done.stdout
+
+    async def grade(self, patch: bytes, limits: GradingLimits | None = None) -> GradeResult:
+        self.log = GradingLog()
+        return await grade(
+            self.task, patch, lambda: self.backend.create(self.spec), self.log, limits=limits
         )
-        return await grade(self.task, patch, lambda: self.backend.create(spec), self.log)
+
+
+async def grader_for(task: TaskRepo, tmp_path: Path, **grading: Any) -> Grader:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    metadata = {**task.row["metadata"], "grading": {**task.row["metadata"]["grading"], **grading}}
+    parsed = parse_task(metadata)
+    repo = await RepoSources(tmp_path / "sources").prepare(parsed)
+    backend = LocalBackend(LocalConfig(state_root=tmp_path / "state"))
+    return Grader(parsed, repo, task.path, backend)
 
 
 @pytest.fixture
-def backend(tmp_path: Path) -> LocalBackend:
-    (tmp_path / "state").mkdir()
-    return LocalBackend(LocalConfig(state_root=tmp_path / "state"))
+async def mathlib(tmp_path: Path) -> Grader:
+    return await grader_for(make_task(tmp_path / "repos", "pytest", "patch"), tmp_path)
 
 
-@pytest.fixture
-async def calc(tmp_path: Path, backend: LocalBackend) -> Grading:
-    source, base = create_repository(CALC, tmp_path / "repos")
-    task = parse_task(task_row(CALC, source, base)["metadata"])
-    repo = await RepoSources(tmp_path / "cache").prepare(task)
-    return Grading(task, repo, backend)
+def fix(work: Path) -> None:
+    (work / "mathlib.py").write_text(FIXED)
 
 
-def write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+async def test_a_fix_is_resolved_and_nothing_is_unresolved(mathlib: Grader, tmp_path: Path) -> None:
+    fixed = await mathlib.grade(mathlib.patch(fix, tmp_path))
+    assert (fixed.reward, fixed.verdict, fixed.refused_paths) == (1.0, Verdict.RESOLVED, {})
+    assert fixed.tests == {WANTED: "passed", "tests/test_mathlib.py::test_type": "passed"}
+    nothing = await mathlib.grade(b"")
+    assert (nothing.reward, nothing.verdict) == (0.0, Verdict.UNRESOLVED)
+    assert nothing.reason == f"1 of 2 tests do not pass ({WANTED}: failed)"
 
 
-def honest_fix(work: Path) -> None:
-    calc = work / "calc.py"
-    calc.write_text(
-        calc.read_text().replace("return a - b\n\n\ndef sub", "return a + b\n\n\ndef sub")
+async def test_a_patch_hiding_a_second_file_after_its_hunk_is_refused_whole(
+    mathlib: Grader, tmp_path: Path
+) -> None:
+    honest = mathlib.patch(fix, tmp_path)
+    hidden = b"--- a/conftest.py\n+++ b/conftest.py\n@@ -0,0 +1,2 @@\n+import os\n+os._exit(0)\n"
+    result = await mathlib.grade(honest + hidden)
+    assert (result.reward, result.verdict, result.patch_applied) == (
+        0.0,
+        Verdict.CHANGE_REFUSED,
+        False,
     )
+    assert "does not say plainly which files it changes" in result.reason
+    assert "conftest.py" in result.reason
 
 
-async def test_an_honest_fix_earns_the_reward(calc: Grading, tmp_path: Path) -> None:
-    result = await calc.patch(honest_fix, tmp_path)
-    assert (result.reward, result.resolved, result.refused_paths) == (1.0, True, {})
-    assert result.tests == {
-        "test_calc.TestAdd.test_add": "passed",
-        "test_calc.TestSub.test_sub": "passed",
-    }
-
-
-async def test_no_change_earns_nothing(calc: Grading, tmp_path: Path) -> None:
-    result = await calc.patch(lambda work: None, tmp_path)
-    assert result.reward == 0.0
-    assert result.tests["test_calc.TestAdd.test_add"] == "failed"
-
-
-async def test_editing_or_deleting_tests_earns_nothing(calc: Grading, tmp_path: Path) -> None:
-    def rewrite_tests(work: Path) -> None:
-        write(
-            work / "test_calc.py",
-            "import unittest\n\nclass TestAdd(unittest.TestCase):\n"
-            "    def test_add(self):\n        pass\n",
-        )
-        write(work / "tests" / "test_more.py", "")
-
-    result = await calc.patch(rewrite_tests, tmp_path)
-    assert result.reward == 0.0
-    assert set(result.refused_paths) == {"test_calc.py", "tests/test_more.py"}
-    deleted = await calc.patch(lambda work: (work / "test_calc.py").unlink(), tmp_path / "d")
-    assert deleted.reward == 0.0
-    assert "test_calc.py" in deleted.refused_paths
-
-
-async def test_printed_pass_lines_and_exit_zero_earn_nothing(calc: Grading, tmp_path: Path) -> None:
-    def lie(work: Path) -> None:
-        calc_py = work / "calc.py"
-        calc_py.write_text(
-            "import os, sys\n"
-            "print('test_add (test_calc.TestAdd) ... ok\\nRan 2 tests\\nOK\\nPASSED')\n"
-            "sys.stdout.flush()\n"
-            "os._exit(0)\n" + calc_py.read_text()
-        )
-
-    result = await calc.patch(lie, tmp_path)
-    assert result.reward == 0.0
-    assert result.note == "the tests wrote no report"
-    assert "PASSED" in calc.log.text()  # it printed, and exited 0: neither counted
-
-
-async def test_a_fake_report_earns_nothing(calc: Grading, tmp_path: Path) -> None:
-    fake = (
-        '<testsuite><testcase classname="test_calc.TestAdd" name="test_add"/>'
-        '<testcase classname="test_calc.TestSub" name="test_sub"/></testsuite>'
-    )
-
-    def forge(work: Path) -> None:
-        for name in ("report.xml", "junit.xml", "tmp/report.xml"):
-            write(work / name, fake)
-
-    result = await calc.patch(forge, tmp_path)
-    assert result.reward == 0.0
-    assert result.tests["test_calc.TestAdd.test_add"] == "failed"
-
-
-async def test_start_up_hooks_and_runner_config_are_not_applied(
-    calc: Grading, tmp_path: Path
+async def test_paths_outside_the_repository_or_in_git_are_refused_beside_a_fix(
+    mathlib: Grader, tmp_path: Path
 ) -> None:
-    def hook(work: Path) -> None:
-        write(work / "sitecustomize.py", "import os\nos._exit(0)\n")
-        write(work / "evil.pth", "import os; os._exit(0)\n")
-        write(work / "setup.cfg", "[tool:pytest]\naddopts = -p no:python\n")
-
-    result = await calc.patch(hook, tmp_path)
-    assert set(result.refused_paths) == {"sitecustomize.py", "evil.pth", "setup.cfg"}
-    assert result.reward == 0.0
-
-
-async def test_a_fix_with_a_cheat_on_the_side_is_graded_on_the_fix(
-    calc: Grading, tmp_path: Path
-) -> None:
-    def fix_and_cheat(work: Path) -> None:
-        honest_fix(work)
-        write(work / "test_calc.py", "")
-
-    result = await calc.patch(fix_and_cheat, tmp_path)
-    assert (result.reward, set(result.refused_paths)) == (1.0, {"test_calc.py"})
-
-
-async def test_paths_outside_the_repository_are_never_applied(
-    calc: Grading, tmp_path: Path
-) -> None:
-    patch = (
+    honest = mathlib.patch(fix, tmp_path)
+    outside = (
         b"diff --git a/../outside.txt b/../outside.txt\nnew file mode 100644\n"
         b"index 0000000..e69de29\n--- /dev/null\n+++ b/../outside.txt\n@@ -0,0 +1 @@\n+x\n"
     )
-    spec = SandboxSpec(workspace=GitWorkspace(calc.repo, calc.task.base_commit))
-    result = await grade(calc.task, patch, lambda: calc.backend.create(spec), calc.log)
-    assert (result.reward, result.patch_applied) == (0.0, False)
-    assert "does not apply" in result.note
-
-
-# -- a pytest task: the conftest.py trick --------------------------------------------------------
-
-
-@pytest.fixture
-async def pytest_task(tmp_path: Path, backend: LocalBackend) -> Grading:
-    source = tmp_path / "pyrepo"
-    source.mkdir()
-    git(source, "init", "--quiet")
-    write(source / "mathlib.py", "def double(x):\n    return x + x + 1\n")
-    write(
-        source / "tests" / "test_mathlib.py",
-        "import mathlib\n\ndef test_zero():\n    assert mathlib.double(0) == 0 or True\n",
+    result = await mathlib.grade(honest + outside)
+    assert (result.reward, result.refused_paths) == (
+        1.0,
+        {"../outside.txt": "outside the repository"},
     )
-    git(source, "add", "--all")
-    git(source, "commit", "--quiet", "-m", "base")
-    base = git(source, "rev-parse", "HEAD").strip()
-    new_test = (
-        "import mathlib\n\ndef test_zero():\n    assert mathlib.double(0) == 0 or True\n\n"
-        "def test_double():\n    assert mathlib.double(2) == 4\n"
+    in_git = (
+        b"diff --git a/.git/hooks/post-checkout b/.git/hooks/post-checkout\n"
+        b"new file mode 100755\nindex 0000000..e69de29\n--- /dev/null\n"
+        b"+++ b/.git/hooks/post-checkout\n@@ -0,0 +1 @@\n+x\n"
     )
-    original = (source / "tests" / "test_mathlib.py").read_text()
-    (source / "tests" / "test_mathlib.py").write_text(new_test)
-    test_patch = git(source, "diff") + "\n"
-    (source / "tests" / "test_mathlib.py").write_text(original)
-    row = {
-        "instance_id": "pytest-task",
-        "repo": {"path": str(source)},
-        "base_commit": base,
-        "problem_statement": "double(2) is 5",
-        "grading": {
-            "test_command": f"{PYTHON_INSIDE} -m pytest -p no:cacheprovider -q "
-            '--junitxml="$GRADING_REPORT" tests',
-            "fail_to_pass": ["tests/test_mathlib.py::test_double"],
-            "pass_to_pass": ["tests/test_mathlib.py::test_zero"],
-            "test_patch": test_patch,
-        },
+    result = await mathlib.grade(honest + in_git)
+    assert (result.reward, result.refused_paths) == (
+        1.0,
+        {".git/hooks/post-checkout": "inside .git"},
+    )
+
+
+async def test_symlinks_out_of_the_repository_are_refused(mathlib: Grader, tmp_path: Path) -> None:
+    def links(work: Path) -> None:
+        fix(work)
+        (work / "etc").symlink_to("/etc")
+        (work / "up").symlink_to("../../x")
+        (work / "hooks").symlink_to(".git/hooks")
+        (work / "text.py").symlink_to("helpers/text.py")  # inside: fine
+
+    result = await mathlib.grade(mathlib.patch(links, tmp_path))
+    assert result.reward == 1.0
+    assert result.refused_paths == {
+        "etc": "a symlink pointing outside the repository",
+        "hooks": "a symlink pointing into .git",
+        "up": "a symlink pointing outside the repository",
     }
-    task = parse_task(row)
-    repo = await RepoSources(tmp_path / "cache").prepare(task)
-    return Grading(task, repo, backend)
 
 
-async def test_a_conftest_that_passes_everything_earns_nothing(
-    pytest_task: Grading, tmp_path: Path
+@contextlib.contextmanager
+def loop_callbacks() -> Iterator[list[tuple[float, float]]]:
+    """(wall s, this thread's CPU s) of every event-loop callback run meanwhile."""
+    original = asyncio.events.Handle._run
+    seen: list[tuple[float, float]] = []
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            original(handle)
+        finally:
+            seen.append((time.perf_counter() - wall, time.thread_time() - cpu))
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        asyncio.events.Handle._run = original  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    ("megabytes", "verdict"), [(4, Verdict.RESOLVED), (20, Verdict.CHANGE_REFUSED)]
+)
+async def test_a_patch_of_megabytes_is_graded_or_refused_without_holding_the_loop(
+    mathlib: Grader, tmp_path: Path, megabytes: int, verdict: Verdict
 ) -> None:
-    def conftest(work: Path) -> None:
-        hook = (
-            "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
-            "def pytest_runtest_makereport(item, call):\n"
-            "    outcome = yield\n    report = outcome.get_result()\n"
-            "    report.outcome = 'passed'\n"
+    def big(work: Path) -> None:
+        fix(work)
+        lines = "".join(f"line {n} of a large data file the fix does not need\n" for n in range(10))
+        data = work / "data"
+        data.mkdir()
+        for index in range(megabytes * 2):  # many sections, each about half a megabyte
+            (data / f"part{index}.txt").write_text(lines * (512 * 1024 // len(lines)))
+
+    patch = mathlib.patch(big, tmp_path)
+    assert len(patch) >= megabytes << 20
+    with loop_callbacks() as callbacks:
+        result = await mathlib.grade(patch)
+    assert result.verdict is verdict, result.reason
+    # A callback of ours never uses 50 ms of CPU; no callback at all is held half a second.
+    assert max((cpu for _, cpu in callbacks), default=0.0) < 0.05
+    assert max((wall for wall, _ in callbacks), default=0.0) < 0.5
+    if verdict is Verdict.CHANGE_REFUSED:
+        assert f"over the {GradingLimits().max_patch_bytes}-byte limit" in result.reason
+
+
+async def test_the_size_limit_is_configurable(mathlib: Grader, tmp_path: Path) -> None:
+    patch = mathlib.patch(fix, tmp_path)
+    small = await mathlib.grade(patch, GradingLimits(max_patch_bytes=len(patch) - 1))
+    assert small.verdict is Verdict.CHANGE_REFUSED
+    assert (await mathlib.grade(patch, GradingLimits(max_patch_bytes=len(patch)))).resolved
+
+
+# -- the pytest runner is configured by the task, by design -------------------------------------
+
+EVIL_PLUGIN = (
+    "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
+PLANTED = {
+    "a pytest.toml loading a plugin": {
+        "evilplugin.py": EVIL_PLUGIN,
+        "pytest.toml": '[pytest]\naddopts = ["-p", "evilplugin"]\npythonpath = ["."]\n',
+    },
+    "package metadata declaring a pytest11 entry point": {
+        "evilplugin.py": EVIL_PLUGIN,
+        "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
+        "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evilplugin\n",
+    },
+    "a root pytest.py": {"pytest.py": "print('2 passed')\nraise SystemExit(0)\n"},
+}
+
+
+@pytest.mark.parametrize("planted", list(PLANTED), ids=list(PLANTED))
+async def test_the_runner_ignores_what_a_repository_plants_even_with_no_rule_applied(
+    tmp_path: Path, planted: str
+) -> None:
+    """No rule refuses these files here: they are written straight into the workspace. The
+    naive `python -m pytest` obeys them (the control: the attack is real); our runner, given
+    the base's configuration explicitly, autoloading off and started as a script, reports
+    the real failure."""
+    task = make_task(tmp_path / "repos", "pytest", "base")
+    grader = await grader_for(task, tmp_path)
+    async with await grader.backend.create(grader.spec) as box:
+        for name, text in PLANTED[planted].items():
+            await box.write_file(name, text)
+        naive = await box.exec(
+            f"{PYTHON_INSIDE} -m pytest -q -p no:cacheprovider tests", env=TOOLCHAIN_ENV
         )
-        write(work / "conftest.py", hook)
-        write(work / "tests" / "conftest.py", hook)
-        write(
-            work / "src" / "conftest.py",
-            "import pytest\n\ndef pytest_collection_modifyitems(items):\n"
-            "    for item in items:\n        item.add_marker(pytest.mark.skip)\n",
-        )
-
-    result = await pytest_task.patch(conftest, tmp_path)
-    assert result.reward == 0.0
-    assert set(result.refused_paths) == {"conftest.py", "tests/conftest.py", "src/conftest.py"}
-    assert result.tests["tests/test_mathlib.py::test_double"] == "failed"
-
-    def fix(work: Path) -> None:
-        write(work / "mathlib.py", "def double(x):\n    return x + x\n")
-
-    fixed = await pytest_task.patch(fix, tmp_path / "fixed")
-    assert (fixed.reward, fixed.tests["tests/test_mathlib.py::test_zero"]) == (1.0, "passed")
+        assert naive.ok, naive.stdout + naive.stderr
+        assert "2 passed" in naive.stdout, naive.stdout
+        paths = Paths(box.workspace, "/tmp/grading-test")
+        for tool in TOOLS:
+            source = Path(__file__).parents[1] / "src/swe_rl/grading/tools" / tool
+            await box.write_file(f"{paths.tools}/{tool}", source.read_bytes())
+        runner = PytestRunner(python=PYTHON_INSIDE)
+        run = plan(runner, (WANTED,), paths, f"{box.workspace}/pytest.ini")
+        result = await box.exec(run.command, env={**TOOLCHAIN_ENV, **run.env})
+    report = parse_json_report(result.stdout.encode())
+    assert report.tests[WANTED] == "failed", result.stderr
 
 
-def test_the_task_source_holds_no_history_past_the_base(tmp_path: Path) -> None:
-    source, base = create_repository(CALC, tmp_path / "repos")
-    write(source / "calc.py", "def add(a, b):\n    return a + b\n")  # the "future" fix
-    git(source, "commit", "--quiet", "-am", "the fix")
-    task = parse_task(task_row(CALC, source, base)["metadata"])
-    repo = asyncio.run(RepoSources(tmp_path / "cache").prepare(task))
-    everything = git(repo, "log", "--all", "--format=%H").split()
-    assert everything == [base]
-    objects = git(repo, "cat-file", "--batch-all-objects", "--batch-check").splitlines()
-    assert not any(
-        "a + b" in git(repo, "cat-file", "-p", line.split()[0])
-        for line in objects
-        if line.split()[1] == "blob"
+# -- a task's own command and its report file -----------------------------------------------------
+
+
+def command_runner(after: str) -> str:
+    """pytest writing JUnit (xunit1, so cases name their files), then `after`."""
+    pytest_run = (
+        f"{PYTHON_INSIDE} -m pytest -q -p no:cacheprovider -o junit_family=xunit1 "
+        '--junitxml="$GRADING_REPORT" tests'
     )
+    return f"{pytest_run}; {after}"
+
+
+@pytest.mark.parametrize(
+    ("after", "verdict", "reason"),
+    [
+        ("true", Verdict.RESOLVED, "every wanted test passes"),
+        (
+            'rm "$GRADING_REPORT" && ln -s /dev/zero "$GRADING_REPORT"',
+            Verdict.NO_REPORT,
+            "the report path holds no regular file (a symlink)",
+        ),
+        (
+            'rm "$GRADING_REPORT" && mkfifo "$GRADING_REPORT"',
+            Verdict.NO_REPORT,
+            "the report path holds no regular file (not a regular file)",
+        ),
+        (
+            "setsid bash -c 'sleep 1; echo forged > \"$GRADING_REPORT\"' "
+            "</dev/null >/dev/null 2>&1 &",
+            Verdict.RESOLVED,
+            "every wanted test passes",
+        ),
+    ],
+    ids=["plain", "symlink to /dev/zero", "fifo", "daemon rewriting it later"],
+)
+async def test_a_command_runners_report_is_read_bounded_once_nothing_runs(
+    tmp_path: Path, after: str, verdict: Verdict, reason: str
+) -> None:
+    task = make_task(tmp_path / "repos", "pytest", "patch")
+    grader = await grader_for(
+        task, tmp_path, runner={"type": "command", "command": command_runner(after)}
+    )
+    started = time.monotonic()
+    result = await grader.grade(grader.patch(fix, tmp_path))
+    assert (result.verdict, result.reason) == (verdict, reason), grader.log.text()
+    assert time.monotonic() - started < 60  # never waits on a FIFO or reads /dev/zero
+
+
+async def test_a_timed_out_run_says_so(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "repos", "unittest", "patch")
+    grader = await grader_for(task, tmp_path, timeout_s=3)
+
+    def hang(work: Path) -> None:
+        (work / "mathlib.py").write_text("import time\ntime.sleep(3600)\n" + FIXED)
+
+    result = await grader.grade(grader.patch(hang, tmp_path))
+    assert (result.verdict, result.timed_out, result.reward) == (
+        Verdict.TESTS_TIMED_OUT,
+        True,
+        0.0,
+    )
+    assert result.summary()["timed_out"] is True
+    assert "ran past their 3 s limit" in result.reason
+
+
+async def test_the_summary_is_json_with_non_utf8_names_escaped(
+    mathlib: Grader, tmp_path: Path
+) -> None:
+    def odd(work: Path) -> None:
+        fix(work)
+        (work / "tests" / b"stray\xff.py".decode("utf-8", "surrogateescape")).write_text("")
+        (work / b"data\xfe.txt".decode("utf-8", "surrogateescape")).write_text("")
+
+    result = await mathlib.grade(mathlib.patch(odd, tmp_path))
+    summary = result.summary()
+    assert result.reward == 1.0
+    assert summary["refused_paths"] == {"tests/stray\\xff.py": "inside a test directory"}
+    assert json.loads(json.dumps(summary)) == summary

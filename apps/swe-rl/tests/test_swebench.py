@@ -1,5 +1,6 @@
 """SWE-bench rows (its public field names, lists JSON-encoded as in the published datasets)
-become task rows; rows that cannot be graded from a JUnit report are skipped with a reason."""
+become task rows graded by the pytest runner; rows pytest does not run are skipped with a
+reason."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from pathlib import Path
 
 from swe_rl.swebench import ConversionOptions, convert_row, convert_rows
-from swe_rl.task import parse_task
+from swe_rl.task import PytestRunner, parse_task
 
 TEST_PATCH = """\
 diff --git a/astropy/io/tests/test_fits.py b/astropy/io/tests/test_fits.py
@@ -36,13 +37,20 @@ ROW = {
 
 
 def test_a_pytest_row_becomes_a_valid_task_without_the_gold_patch() -> None:
-    row = convert_row(ROW, ConversionOptions(setup_commands=("pip install -e .",)))
+    options = ConversionOptions(
+        setup_commands=("pip install -e .",), python="python", plugins=("pytest_doctestplus",)
+    )
+    row = convert_row(ROW, options)
     task = parse_task(row["metadata"])
     assert task.instance_id == "astropy__astropy-12907"
     assert task.repo.git_url == "https://github.com/astropy/astropy.git"
     assert task.grading.fail_to_pass == ("astropy/io/tests/test_fits.py::test_header",)
-    assert task.grading.test_command.endswith("astropy/io/tests/test_fits.py")
-    assert '--junitxml="$GRADING_REPORT"' in task.grading.test_command
+    assert task.grading.runner == PytestRunner(
+        python="python",
+        config=None,  # the repository's own, as of the base commit and the test patch
+        plugins=("pytest_doctestplus",),
+        paths=("astropy/io/tests/test_fits.py",),
+    )
     assert task.setup_commands == ("pip install -e .",)
     assert "gold fix" not in json.dumps(row)
 
@@ -72,7 +80,7 @@ def test_rows_that_cannot_be_graded_are_skipped_with_a_reason() -> None:
     ]
     reasons = [reason for _, _, reason in converted.skipped]
     assert (
-        reasons[0] == "repo: django/django runs its own test runner, which writes no JUnit report"
+        reasons[0] == "repo: django/django runs its own test runner, not pytest"
     )
     assert reasons[1] == "FAIL_TO_PASS: is not a JSON list of test ids"
     assert reasons[2].startswith("base_commit: must be a hexadecimal commit id")

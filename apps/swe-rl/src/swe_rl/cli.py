@@ -148,8 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "convert-swebench",
         help="SWE-bench rows -> task rows",
         description="Convert SWE-bench rows (JSONL, or a JSON list) to task rows. The gold "
-        "patch is never copied. Rows that cannot be graded from a JUnit report are skipped "
-        "and listed.",
+        "patch is never copied. Rows whose tests pytest does not run are skipped and listed.",
     )
     convert.add_argument("input", type=Path)
     convert.add_argument("output", type=Path)
@@ -171,6 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="CMD",
         help="a setup command for every task (repeatable)",
+    )
+    convert.add_argument(
+        "--python",
+        default="python3",
+        metavar="CMD",
+        help="the task environment's interpreter that has pytest (default: python3)",
+    )
+    convert.add_argument(
+        "--pytest-plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a pytest plugin module the tests need; plugin autoloading is off (repeatable)",
     )
     return parser
 
@@ -228,6 +240,8 @@ def _convert(args: argparse.Namespace) -> int:
         repos_dir=args.repos_dir,
         template_prefix=args.template_prefix,
         setup_commands=tuple(args.setup_command),
+        python=args.python,
+        plugins=tuple(args.pytest_plugin),
     )
     converted = convert_rows(rows, options)
     try:

@@ -36,6 +36,8 @@ from harness import (
     InstalledCli,
 )
 from sandbox import (
+    CaptureLimits,
+    ChangeTooLargeError,
     ForwardedEndpoint,
     GitWorkspace,
     LocalBackend,
@@ -50,7 +52,7 @@ from sandbox import (
     run_setup,
 )
 from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus, JsonValue
-from swe_rl.grading import GradeResult, GradingError, GradingLog, grade
+from swe_rl.grading import GradeResult, GradingError, GradingLimits, GradingLog, Verdict, grade
 from swe_rl.sources import RepoSources, SourceError
 from swe_rl.task import SweTask, TaskError, parse_task
 from trajectory_tree import SessionTree, dumps
@@ -67,7 +69,10 @@ TASK_TEMPLATE = (
 @dataclass(frozen=True, slots=True)
 class EpisodeConfig:
     """How episodes run. `on_budget`: an agent stopped by its wall-clock budget is aborted
-    (never trained) by default, or graded and marked truncated with "grade"."""
+    (never trained) by default, or graded and marked truncated with "grade". `binds` and
+    `env` make the task's toolchain available in the agent's and the grading sandboxes alike
+    (an interpreter with the test runner, say), until tasks bring their own images.
+    `capture` bounds the agent's change; `grading` bounds its grading."""
 
     artifacts_root: Path
     install: InstallConfig
@@ -78,6 +83,10 @@ class EpisodeConfig:
     inside_port: int = 8080
     setup_timeout_s: float = 1800.0
     task_template: str = TASK_TEMPLATE
+    binds: tuple[ReadOnlyBind, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    capture: CaptureLimits = field(default_factory=CaptureLimits)
+    grading: GradingLimits = field(default_factory=GradingLimits)
 
 
 class _Aborted(Exception):
@@ -163,20 +172,37 @@ class SweEpisode:
             summary["agent"] = _run_summary(run)
             with _phase(phases, "diff"):
                 try:
-                    diff = await capture_diff(box, task.base_commit)
+                    diff = await capture_diff(
+                        box, repo, task.base_commit, limits=self.config.capture
+                    )
+                except ChangeTooLargeError as error:  # the agent's doing: graded, earns 0
+                    diff = None
+                    too_large = str(error)
                 except (SandboxError, ValueError) as error:
                     raise _Aborted(f"capturing the diff failed: {error}") from None
             closing = time.perf_counter()
         phases["sandbox"] += time.perf_counter() - closing  # closing is the sandbox's cost too
-        await asyncio.to_thread(_write_bytes, directory / "diff.patch", diff.patch)
-        summary["changed_paths"] = list(diff.changed_paths)
         status = self._status(run)
-        with _phase(phases, "grading"):
-            result = await self._grade(task, repo, diff.patch, directory)
-        summary["grading"] = result.summary()
+        if diff is None:
+            result = GradeResult(
+                Verdict.CHANGE_REFUSED,
+                too_large,
+                dict.fromkeys(task.grading.fail_to_pass + task.grading.pass_to_pass, "missing"),
+            )
+            await asyncio.to_thread(_write, directory / "grading.log", f"{too_large}\n")
+        else:
+            await asyncio.to_thread(_write_bytes, directory / "diff.patch", diff.patch)
+            summary["changed_paths"] = [_text(path) for path in diff.changed_paths]
+            summary["left_out"] = {_text(path): why for path, why in diff.left_out}
+            with _phase(phases, "grading"):
+                result = await self._grade(task, repo, diff.patch, directory)
+        grading = result.summary()
+        summary["grading"] = grading
         artifacts: dict[str, JsonValue] = {
             "instance_id": task.instance_id,
             "resolved": result.resolved,
+            "verdict": str(result.verdict),
+            "grading": grading,
             "tests_passed": sum(s == "passed" for s in result.tests.values()),
             "tests_total": len(result.tests),
             "refused_paths": sorted(result.refused_paths),
@@ -184,7 +210,10 @@ class SweEpisode:
             "agent_tool_calls": run.stats.tool_calls,
             "phases_s": {name: round(seconds, 4) for name, seconds in phases.items()},
         }
-        return EpisodeOutcome(result.reward, status, "", artifacts)
+        reason = result.reason
+        if _killed_by_signal(run.exit_code):
+            reason += f"; {self.agent.name} died of signal {run.exit_code - 128}"
+        return EpisodeOutcome(result.reward, status, reason, artifacts)
 
     def _spec(
         self,
@@ -199,9 +228,9 @@ class SweEpisode:
         network = ForwardedEndpoint(address.hostname, address.port, self.config.inside_port)
         return SandboxSpec(
             workspace=GitWorkspace(repo, task.base_commit),
-            env={"IS_SANDBOX": "1"},
+            env={**self.config.env, "IS_SANDBOX": "1"},
             network=network,
-            read_only_binds=binds,
+            read_only_binds=(*self.config.binds, *binds),
             limits=self.config.limits,
         )
 
@@ -265,6 +294,10 @@ class SweEpisode:
                 detail = f"; last: {run.stats.error}" if run.stats.error else ""
                 raise _Aborted(f"the agent used its whole budget ({run.duration:.0f} s){detail}")
             return EpisodeStatus.TRUNCATED
+        if _killed_by_signal(run.exit_code):
+            # Not our budget's kill: a tool call of the agent's (`kill -9 $PPID`), or the
+            # sandbox's memory limit it ran into. Its doing: its change is graded as it is.
+            return EpisodeStatus.COMPLETED
         if run.exit_code != 0:
             detail = run.stats.error or run.stderr_tail.strip()[-500:] or "no message"
             raise _Aborted(f"{self.agent.name} exited {run.exit_code}: {detail}")
@@ -273,10 +306,15 @@ class SweEpisode:
     async def _grade(self, task: SweTask, repo: Path, patch: bytes, directory: Path) -> GradeResult:
         log = GradingLog()
         spec = SandboxSpec(
-            workspace=GitWorkspace(repo, task.base_commit), limits=self.config.limits
+            workspace=GitWorkspace(repo, task.base_commit),
+            env=self.config.env,
+            read_only_binds=self.config.binds,
+            limits=self.config.limits,
         )
         try:
-            return await grade(task, patch, lambda: self.backend.create(spec), log)
+            return await grade(
+                task, patch, lambda: self.backend.create(spec), log, limits=self.config.grading
+            )
         except GradingError as error:
             raise _Aborted(f"grading: {error}") from None
         finally:
@@ -314,6 +352,16 @@ def _run_summary(run: AgentRun) -> dict[str, Any]:
         "tool_calls": run.stats.tool_calls,
         "error": run.stats.error,
     }
+
+
+def _killed_by_signal(exit_code: int) -> bool:
+    """Exit code 128 + N: the process died of signal N (as the sandbox reports it)."""
+    return 128 < exit_code <= 128 + 64
+
+
+def _text(path: str) -> str:
+    """A path for JSON: names that are not UTF-8 shown with `\\xNN` escapes."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _write(path: Path, text: str) -> None:

@@ -5,10 +5,12 @@ SWE-bench's public fields: `instance_id`, `repo` ("owner/name"), `base_commit`,
 ids in the published datasets, plain lists in some copies), plus fields we keep but do not use
 (`patch`, the gold fix, is deliberately NOT copied: the agent must never see it).
 
-Grading reads a JUnit report, so the test command runs pytest with `--junitxml`; that fits the
+Each row is graded with the pytest runner on the test patch's files, as SWE-bench runs them,
+configured as the repository configures pytest at the base commit; pytest's plugin
+autoloading is off, so plugins a repository's tests need are named (`plugins`). That fits the
 repositories whose tests are pytest's (most of SWE-bench). Repositories that run their tests
-with their own runner (Django's runtests.py, SymPy's bin/test) write no such report and are
-reported as unsupported rather than graded from printed output. The repository comes from a
+with their own runner (Django's runtests.py, SymPy's bin/test) are reported as unsupported
+rather than graded from printed output. The repository comes from a
 local mirror directory (`<repos_dir>/<owner>__<name>`) when given, else its GitHub URL, or an
 E2B template per instance.
 """
@@ -21,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swe_rl.grading.patch_files import split_patch
+from swe_rl.grading.patch_files import PatchError, display, split_patch
 from swe_rl.task import TaskError, parse_task
 
 OWN_RUNNERS = frozenset({"django/django", "sympy/sympy"})
-PYTEST_COMMAND = 'python -m pytest -rA -p no:cacheprovider --junitxml="$GRADING_REPORT" {files}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,10 @@ class ConversionOptions:
     template_prefix: str | None = None
     setup_commands: tuple[str, ...] = ()
     timeout_s: float = 1800.0
+    python: str = "python3"
+    """The interpreter of the task's environment that has pytest."""
+    plugins: tuple[str, ...] = ()
+    """pytest plugin modules the tests need (autoloading is off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +65,18 @@ def convert_row(row: Mapping[str, Any], options: ConversionOptions) -> dict[str,
     repo = _field(row, "repo")
     instance = _field(row, "instance_id")
     if repo in OWN_RUNNERS:
-        raise TaskError("repo", f"{repo} runs its own test runner, which writes no JUnit report")
+        raise TaskError("repo", f"{repo} runs its own test runner, not pytest")
     test_patch = _field(row, "test_patch")
+    try:
+        sections = split_patch(test_patch.encode())
+    except PatchError as error:
+        raise TaskError("test_patch", str(error)) from None
     files = sorted(
-        path
-        for section in split_patch(test_patch.encode())
-        for path in section.paths
-        if path.endswith(".py")
+        {
+            display(section.path)
+            for section in sections
+            if section.path.endswith(b".py") and not section.deleted
+        }
     )
     if not files:
         raise TaskError("test_patch", "changes no Python test file")
@@ -77,7 +87,12 @@ def convert_row(row: Mapping[str, Any], options: ConversionOptions) -> dict[str,
         "problem_statement": _field(row, "problem_statement"),
         "setup_commands": list(options.setup_commands),
         "grading": {
-            "test_command": PYTEST_COMMAND.format(files=" ".join(files)),
+            "runner": {
+                "type": "pytest",
+                "python": options.python,
+                "plugins": list(options.plugins),
+                "paths": files,
+            },
             "fail_to_pass": _tests(row, "FAIL_TO_PASS"),
             "pass_to_pass": _tests(row, "PASS_TO_PASS"),
             "test_patch": test_patch,

@@ -15,7 +15,7 @@ Payload shape (JSON):
       "problem_statement": "add() subtracts ...",
       "setup_commands": ["pip install -e ."],       # optional, run before the agent starts
       "grading": {
-        "test_command": "python -m pytest --junitxml=\"$GRADING_REPORT\" tests",
+        "runner": {"type": "pytest"},               # see below
         "fail_to_pass": ["tests/test_calc.py::test_add"],
         "pass_to_pass": ["tests/test_calc.py::test_sub"],
         "test_patch": "diff --git a/tests/... (may be empty)",
@@ -23,12 +23,29 @@ Payload shape (JSON):
       }
     }
 
-The test command must write a JUnit XML report to `$GRADING_REPORT` (a path outside the
-repository that the grader chooses); see grading/ for why results are never read from output.
+The runner says how the task's tests run; the grader builds the command, so nothing in the
+repository configures it (docs/grading.md):
+
+    {"type": "pytest", "python": "python3",         # the interpreter that has pytest
+     "config": "[pytest]\n...",                    # optional: the task's pytest config; by
+                                                    #   default the repository's own, as of the
+                                                    #   base commit and test patch
+     "plugins": ["pytest_asyncio"],                 # optional: plugin modules to load (pytest's
+                                                    #   plugin autoloading is off)
+     "paths": ["tests/test_calc.py"],               # optional: what to collect; by default
+                                                    #   the files of the wanted tests
+     "args": ["-x"]}                                # optional: more pytest arguments
+    {"type": "unittest", "python": "python3"}       # standard-library unittest, ids such as
+                                                    #   "test_calc.TestAdd.test_add"
+    {"type": "command", "command": "..."}           # the task's own command, which must write
+                                                    #   a JUnit XML report to $GRADING_REPORT
+
+`"test_command": "..."` in place of `runner` is the command runner (older rows).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,8 +72,37 @@ class RepoSource:
 
 
 @dataclass(frozen=True, slots=True)
+class PytestRunner:
+    """pytest, configured by the task: `config` is the task's own pytest configuration (None:
+    the repository's, as of the base commit and test patch)."""
+
+    python: str = "python3"
+    config: str | None = None
+    plugins: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnittestRunner:
+    """Standard-library unittest, run by the grader's own runner."""
+
+    python: str = "python3"
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRunner:
+    """The task's own command; it configures its runner itself and writes JUnit XML."""
+
+    command: str
+
+
+Runner = PytestRunner | UnittestRunner | CommandRunner
+
+
+@dataclass(frozen=True, slots=True)
 class Grading:
-    test_command: str
+    runner: Runner
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
     test_patch: str
@@ -85,7 +131,7 @@ def parse_task(payload: Mapping[str, Any]) -> SweTask:
         problem_statement=_text(payload, "problem_statement"),
         setup_commands=_texts(payload, "setup_commands", required=False),
         grading=Grading(
-            test_command=_text(grading, "test_command", "grading."),
+            runner=_runner(grading),
             fail_to_pass=_texts(grading, "fail_to_pass", prefix="grading."),
             pass_to_pass=_texts(grading, "pass_to_pass", prefix="grading.", required=False),
             test_patch=_text(grading, "test_patch", "grading.", allow_empty=True),
@@ -94,10 +140,55 @@ def parse_task(payload: Mapping[str, Any]) -> SweTask:
     )
 
 
-def _object(payload: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+_PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _runner(grading: Mapping[str, Any]) -> Runner:
+    if "runner" not in grading:
+        if "test_command" not in grading:
+            raise TaskError("grading.runner", "is required (or grading.test_command)")
+        return CommandRunner(_text(grading, "test_command", "grading."))
+    if "test_command" in grading:
+        raise TaskError("grading", "has both runner and test_command: keep one")
+    runner = _object(grading, "runner", "grading.")
+    kind = runner.get("type")
+    prefix = "grading.runner."
+    allowed = _RUNNER_FIELDS.get(kind) if isinstance(kind, str) else None
+    if allowed is None:
+        raise TaskError(f"{prefix}type", f"must be one of {sorted(_RUNNER_FIELDS)}, got {kind!r}")
+    unknown = sorted(set(runner) - allowed - {"type"})
+    if unknown:
+        raise TaskError(f"{prefix}{unknown[0]}", f"is not a field of a {kind} runner")
+    if kind == "command":
+        return CommandRunner(_text(runner, "command", prefix))
+    python = _text(runner, "python", prefix) if "python" in runner else "python3"
+    if kind == "unittest":
+        return UnittestRunner(python)
+    config = _text(runner, "config", prefix) if "config" in runner else None
+    plugins = _texts(runner, "plugins", prefix=prefix, required=False)
+    for index, plugin in enumerate(plugins):
+        if not _PLUGIN_NAME.match(plugin):
+            raise TaskError(f"{prefix}plugins[{index}]", f"is not a module name: {plugin!r}")
+    return PytestRunner(
+        python=python,
+        config=config,
+        plugins=plugins,
+        paths=_texts(runner, "paths", prefix=prefix, required=False),
+        args=_texts(runner, "args", prefix=prefix, required=False),
+    )
+
+
+_RUNNER_FIELDS: dict[str, frozenset[str]] = {
+    "pytest": frozenset({"python", "config", "plugins", "paths", "args"}),
+    "unittest": frozenset({"python"}),
+    "command": frozenset({"command"}),
+}
+
+
+def _object(payload: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
     value = payload.get(key)
     if not isinstance(value, Mapping):
-        raise TaskError(key, "is required and must be an object")
+        raise TaskError(prefix + key, "is required and must be an object")
     return value
 
 

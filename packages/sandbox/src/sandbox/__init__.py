@@ -6,6 +6,7 @@ with ``_``) and may change in any release.
 
 from typing import TYPE_CHECKING
 
+from sandbox._capture import CapturedDiff, CaptureLimits, ChangeTooLargeError, capture_diff
 from sandbox._e2b_backend import E2BBackend, E2BConfig, E2BSandbox
 from sandbox._errors import (
     SandboxBootError,
@@ -16,10 +17,10 @@ from sandbox._errors import (
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox._git_diff import CapturedDiff, UnsafePatchError, apply_diff, capture_diff
+from sandbox._git_diff import UnsafePatchError, apply_diff
 from sandbox._local import Enforcement, LocalBackend, LocalConfig, LocalSandbox
 from sandbox._protocol import Process, Sandbox, SandboxBackend
-from sandbox._result import KILLED_EXIT_CODE, ExecResult
+from sandbox._result import KILLED_EXIT_CODE, ExecResult, ScriptResult
 from sandbox._retry import RetryPolicy
 from sandbox._spec import (
     DirectoryWorkspace,
@@ -36,7 +37,9 @@ from sandbox._workspace import CheckoutError, SetupFailedError, checkout_repo, r
 
 __all__ = [
     "KILLED_EXIT_CODE",
+    "CaptureLimits",
     "CapturedDiff",
+    "ChangeTooLargeError",
     "CheckoutError",
     "DirectoryWorkspace",
     "E2BBackend",
@@ -63,6 +66,7 @@ __all__ = [
     "SandboxFileNotFoundError",
     "SandboxSpec",
     "SandboxUnavailableError",
+    "ScriptResult",
     "SetupFailedError",
     "UidRange",
     "UnsafePatchError",

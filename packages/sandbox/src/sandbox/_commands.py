@@ -27,7 +27,12 @@ from sandbox._errors import (
     SandboxCommandError,
     SandboxFileNotFoundError,
 )
-from sandbox._result import ExecResult, exit_code_from_returncode, limit_of_returncode
+from sandbox._result import (
+    ExecResult,
+    ScriptResult,
+    exit_code_from_returncode,
+    limit_of_returncode,
+)
 from sandbox._spec import validate_env
 
 # Exit codes of the file helper scripts (chosen outside the range coreutils use).
@@ -38,6 +43,7 @@ _READ_SCRIPT = (
 )
 _WRITE_SCRIPT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 _KILL_WAIT = 10.0
+_STDERR_BYTES = 64 << 10
 
 
 class Launched(Protocol):
@@ -134,6 +140,15 @@ class CommandSandbox(ABC):
         """False for plain host processes (isolation="none")."""
 
     @abstractmethod
+    def _python(self) -> tuple[str, Mapping[str, str]]:
+        """The interpreter `run_python` uses inside (one the sandbox cannot have replaced) and
+        the only environment it gets."""
+
+    @abstractmethod
+    async def _kill_all(self) -> int:
+        """SIGKILL every process of the sandbox; how many are still alive afterwards."""
+
+    @abstractmethod
     async def _shutdown(self) -> None:
         """Kill every process of the sandbox and release what backs it (not the state dir)."""
 
@@ -176,6 +191,41 @@ class CommandSandbox(ABC):
         launched = await self._start(["/bin/bash", "-lc", cmd], cwd, env, io)
         return LocalProcess(self, launched, io, started, token)
 
+    async def kill_all(self) -> None:
+        self._check_open()
+        remaining = await self._kill_all()
+        if remaining:
+            raise SandboxCommandError(f"{remaining} processes survived SIGKILL in the sandbox")
+
+    async def run_python(
+        self,
+        script: str,
+        args: Sequence[str] = (),
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output_bytes: int = 64 << 20,
+    ) -> ScriptResult:
+        python, env = self._python()
+        argv = [python, "-I", "-S", "-c", script, *args]
+        io = _IoFiles(self._io_dir, stdin)
+        started = time.monotonic()
+        try:
+            launched = await self._start(argv, "/", env, io, inherit_env=False)
+            code, timed_out = await self._wait(launched, timeout, kill_on_cancel=True)
+            stdout, truncated = await asyncio.to_thread(_read_bounded, io.stdout, max_output_bytes)
+            stderr, _ = await asyncio.to_thread(_read_bounded, io.stderr, _STDERR_BYTES)
+        finally:
+            await asyncio.to_thread(io.remove)
+        return ScriptResult(
+            exit_code=exit_code_from_returncode(code),
+            stdout=stdout,
+            stderr=stderr.decode("utf-8", errors="replace"),
+            timed_out=timed_out,
+            duration=time.monotonic() - started,
+            truncated=truncated,
+        )
+
     async def _run(
         self,
         argv: Sequence[str],
@@ -201,9 +251,11 @@ class CommandSandbox(ABC):
         cwd: str | None,
         env: Mapping[str, str] | None,
         io: _IoFiles,
+        *,
+        inherit_env: bool = True,
     ) -> Launched:
         self._check_open()
-        merged = {**self._env, **(env or {})}
+        merged = {**(self._env if inherit_env else {}), **(env or {})}
         validate_env(merged)
         directory = self._resolve(cwd) if cwd is not None else self._workspace
         stdio = await asyncio.to_thread(io.open)
@@ -369,6 +421,16 @@ def _read_output(path: Path) -> str:
         return path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def _read_bounded(path: Path, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of a captured output file, and whether there was more."""
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(limit + 1)
+    except FileNotFoundError:
+        return b"", False
+    return data[:limit], len(data) > limit
 
 
 def _read_pair(io: _IoFiles) -> tuple[bytes, bytes]:

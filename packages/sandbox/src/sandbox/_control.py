@@ -93,6 +93,14 @@ class InitChannel:
         with contextlib.suppress(BlockingIOError, OSError):
             self._send({"op": "signal", "pid": pid, "sig": signum}, ())
 
+    async def kill_all(self, timeout: float) -> int:
+        """SIGKILL every process of the sandbox but init; the number still alive after
+        `timeout` seconds (0: all gone)."""
+        reply, _ = await self._request({"op": "killall", "timeout": timeout}, ())
+        remaining = reply.get("remaining")
+        assert isinstance(remaining, int)
+        return remaining
+
     async def listen(self, port: int) -> socket.socket:
         """A TCP socket listening on 127.0.0.1:port inside the sandbox's network namespace."""
         reply, fds = await self._request({"op": "listen", "port": port}, ())

@@ -1,15 +1,9 @@
-"""Capture an agent's complete change to a repository as one binary patch, and apply it.
+"""Apply a captured patch to a fresh checkout, and the git settings every patch is made with.
 
-Capture runs git *inside* the sandbox: the repository is the agent's, and its `.git/config`
-can name programs (core.fsmonitor, diff drivers, hooks) that a host-side git would execute.
-Every setting that could bend the patch's format is pinned on the command line.
-
-What is captured: the working tree as it is now against the base commit, including untracked
-files, deletions, binary files, renames, mode changes and anything the agent committed, all
-in one `git diff --binary` that `git apply`s onto a fresh checkout of the base. The agent's
-own index is never touched: the snapshot is staged in a temporary GIT_INDEX_FILE seeded from
-HEAD (so files the agent force-added stay included), minus junk such as caches and
-node_modules. Files the repository ignores are left out, as `git add -A` would.
+Applying happens in a sandbox nobody has worked in yet (a grading sandbox), so its git and
+shell are the task's own; still every setting that could bend how a patch is read or written
+is pinned on the command line, whatever a repository's config says. Capturing is in
+_capture.py.
 """
 
 from __future__ import annotations
@@ -17,28 +11,12 @@ from __future__ import annotations
 import re
 import shlex
 import uuid
-from dataclasses import dataclass
 
 from sandbox._errors import SandboxCommandError, SandboxError
 from sandbox._protocol import Sandbox
 
-#: Paths never part of an agent's change, whatever .gitignore says.
-DEFAULT_JUNK: tuple[str, ...] = (
-    "**/__pycache__/**",
-    "**/*.pyc",
-    "**/.pytest_cache/**",
-    "**/.mypy_cache/**",
-    "**/.ruff_cache/**",
-    "**/.hypothesis/**",
-    "**/.tox/**",
-    "**/node_modules/**",
-    "**/.venv/**",
-    "**/*.egg-info/**",
-    "**/.DS_Store",
-)
-
-# Settings that would change the patch's shape (prefixes, colors, line endings, renames) or
-# run programs, pinned to git's defaults whatever the repository's config says.
+# Settings that would change a patch's shape (prefixes, colors, line endings, renames) or run
+# programs, pinned to git's defaults whatever a repository's config says.
 _PINNED_CONFIG: tuple[str, ...] = (
     "safe.directory=*",
     "core.fsmonitor=false",
@@ -58,81 +36,28 @@ _PINNED_CONFIG: tuple[str, ...] = (
     "color.ui=never",
     "advice.detachedHead=false",
 )
-_GIT = "git " + " ".join(f"-c {shlex.quote(c)}" for c in _PINNED_CONFIG)
-_DIFF_FLAGS = (
-    "--binary --full-index --no-color --no-ext-diff --no-textconv -M "
-    "--src-prefix=a/ --dst-prefix=b/"
-)
-_BASE_RE = re.compile(r"^[0-9a-f]{7,64}$")
+#: `-c` options pinning every setting above, for a git command line.
+GIT_PINNED: tuple[str, ...] = tuple(arg for c in _PINNED_CONFIG for arg in ("-c", c))
+_GIT = shlex.join(["git", *GIT_PINNED])
 _HEADER_RE = re.compile(rb"^(?:diff --git a/(.*) b/(.*)|(?:rename|copy) (?:from|to) (.*))$")
+
+
+def diff_flags() -> tuple[str, ...]:
+    """`git diff` flags of a patch that `git apply --binary` applies anywhere."""
+    return (
+        "--binary",
+        "--full-index",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "-M",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+    )
 
 
 class UnsafePatchError(SandboxError):
     """A patch would write inside `.git` or outside the repository."""
-
-
-@dataclass(frozen=True, slots=True)
-class CapturedDiff:
-    """The agent's change: a patch against `base` and the paths it touches."""
-
-    base: str
-    patch: bytes
-    changed_paths: tuple[str, ...]
-
-    @property
-    def empty(self) -> bool:
-        return not self.patch
-
-
-def _capture_script(
-    repo: str, base: str, patch_path: str, names_path: str, junk: tuple[str, ...]
-) -> str:
-    excludes = " ".join(shlex.quote(f":(exclude,glob){pattern}") for pattern in junk)
-    q = shlex.quote
-    return f"""set -eu
-cd -- {q(repo)}
-GIT_INDEX_FILE=$(mktemp)
-export GIT_INDEX_FILE
-trap 'rm -f -- "$GIT_INDEX_FILE" "$GIT_INDEX_FILE.lock"' EXIT
-{_GIT} read-tree HEAD
-{_GIT} add -A -- . {excludes}
-tree=$({_GIT} write-tree)
-{_GIT} diff {_DIFF_FLAGS} {q(base)} "$tree" -- > {q(patch_path)}
-{_GIT} diff --name-only -z --no-renames {q(base)} "$tree" -- > {q(names_path)}
-"""
-
-
-async def capture_diff(
-    sandbox: Sandbox,
-    base: str,
-    *,
-    repo: str | None = None,
-    junk: tuple[str, ...] = DEFAULT_JUNK,
-    timeout: float | None = 300.0,
-) -> CapturedDiff:
-    """Capture everything the agent changed in `repo` (default: the workspace) since `base`.
-
-    `base` must be a full or abbreviated hex commit id (never a ref the agent could move).
-    """
-    if not _BASE_RE.match(base):
-        raise ValueError(f"base must be a hex commit id, got {base!r}")
-    repo_path = repo if repo is not None else sandbox.workspace
-    stem = f"/tmp/agent-diff-{uuid.uuid4().hex}"
-    patch_path, names_path = f"{stem}.patch", f"{stem}.names"
-    script = _capture_script(repo_path, base, patch_path, names_path, junk)
-    result = await sandbox.exec(script, timeout=timeout)
-    try:
-        if not result.ok:
-            raise SandboxCommandError(
-                f"diff capture failed (exit {result.exit_code}, timed out {result.timed_out}): "
-                f"{result.stderr.strip()}"
-            )
-        patch = await sandbox.read_file(patch_path)
-        names = await sandbox.read_file(names_path)
-    finally:
-        await sandbox.exec(f"rm -f -- {shlex.quote(patch_path)} {shlex.quote(names_path)}")
-    changed = tuple(n.decode("utf-8", errors="surrogateescape") for n in names.split(b"\0") if n)
-    return CapturedDiff(base=base, patch=patch, changed_paths=changed)
 
 
 def check_patch_paths(patch: bytes) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import os
 import resource
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -94,11 +95,22 @@ class HostSandbox(CommandSandbox):
         )
         return _HostProcess(proc)
 
-    async def _shutdown(self) -> None:
+    def _python(self) -> tuple[str, Mapping[str, str]]:
+        return sys.executable, {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C.UTF-8"}
+
+    async def _kill_all(self) -> int:
+        """The process groups we started; a daemon that left its group is not found here
+        (without a pid namespace nothing can find it): one more reason never to run
+        model-written code without isolation."""
         running = list(self._running)
         for launched in running:
             launched.kill_group()
         await asyncio.gather(*(launched.wait() for launched in running))
+        self._running.difference_update(running)
+        return 0
+
+    async def _shutdown(self) -> None:
+        await self._kill_all()
 
 
 def _lowered(kind: int, value: int) -> int:

@@ -22,6 +22,10 @@ Host -> init:
       only while P is a command we started and have not reaped.
   {"op": "listen", "id": N, "port": PORT}  -> {"id": N} + the listening TCP socket, bound
       to 127.0.0.1:PORT inside the sandbox's network namespace, for the host to serve.
+  {"op": "killall", "id": N, "timeout": S} -> {"id": N, "remaining": K} once every other
+      process of the sandbox is gone (K = 0), or S seconds passed. SIGKILL to pid -1 reaches
+      every process of the pid namespace but init, daemons that left their session included,
+      and a fork racing it either finishes before (its child is signalled too) or fails.
 Init -> host:
   {"ev": "ready"} once, then {"ev": "exit", "pid": P, "returncode": R} for each command
   (R as in subprocess: negative for a signal). The host closing its end ends the sandbox.
@@ -39,6 +43,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 
 MAX_DATAGRAM = 60 * 1024
 MAX_FDS = 4
@@ -113,6 +118,8 @@ class Init:
                     os.killpg(pid, int(str(message["sig"])))
         elif op == "listen":
             self.listen(message)
+        elif op == "killall":
+            self.kill_all(message)
 
     def spawn(self, message: dict[str, object], fds: list[int]) -> None:
         request = message["id"]
@@ -149,6 +156,25 @@ class Init:
             return
         with server:
             self.send({"id": request}, (server.fileno(),))
+
+    def kill_all(self, message: dict[str, object]) -> None:
+        """SIGKILL every other process until none is left (zombies reaped as they appear).
+
+        Blocks init for as long as the processes take to die (milliseconds; a process in
+        uninterruptible sleep dies when it wakes), bounded by the request's timeout."""
+        deadline = time.monotonic() + float(str(message.get("timeout", 10.0)))
+        while True:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:  # nothing but init is left
+                self.reap()
+                self.send({"id": message["id"], "remaining": 0})
+                return
+            self.reap()
+            if time.monotonic() > deadline:
+                self.send({"id": message["id"], "remaining": _other_processes()})
+                return
+            time.sleep(0.002)
 
     def reap(self) -> None:
         while True:
@@ -191,6 +217,11 @@ def received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     for fd in fds:
         os.set_inheritable(fd, False)
     return fds
+
+
+def _other_processes() -> int:
+    """Processes of this pid namespace besides init (the sandbox's own /proc)."""
+    return sum(name.isdigit() and name != "1" for name in os.listdir("/proc"))
 
 
 def _read_all(fd: int) -> bytes:

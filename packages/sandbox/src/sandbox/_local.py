@@ -69,6 +69,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SEED_PATH = "/run/sandbox/seed"
 _STATE_PREFIX = "sandbox-"
 _BWRAP_EXIT_S = 5.0
+_KILL_ALL_S = 10.0
 # Git settings for populating the workspace inside: no system config, and a global config
 # that trusts the read-only source (another uid owns it). Only a global config will do: git
 # hides command-line and environment config from the process that reads a local source.
@@ -209,11 +210,13 @@ class LocalSandbox(CommandSandbox):
         boot: _Booted,
         env: Mapping[str, str],
         keep_state: bool,
+        python: tuple[str, Mapping[str, str]],
     ) -> None:
         super().__init__(
             state_dir=boot.state_dir, workspace=SANDBOX_WORKSPACE, env=env, keep_state=keep_state
         )
         self._boot = boot
+        self._python_inside = python
         self._relay: HostRelay | None = None
         self._endpoint_url: str | None = None
 
@@ -244,6 +247,12 @@ class LocalSandbox(CommandSandbox):
     ) -> Launched:
         pid = await self._boot.channel.spawn(argv, env, cwd, stdio)
         return _InitProcess(self._boot.channel, pid)
+
+    def _python(self) -> tuple[str, Mapping[str, str]]:
+        return self._python_inside
+
+    async def _kill_all(self) -> int:
+        return await self._boot.channel.kill_all(_KILL_ALL_S)
 
     async def _forward(self, inside_port: int, host: str, port: int) -> None:
         listener = await self._boot.channel.listen(inside_port)
@@ -310,6 +319,15 @@ class _Prepared:
         if self.python_prefix is None:
             return self.python
         return str(PurePosixPath(PYTHON_MOUNT) / Path(self.python).relative_to(self.python_prefix))
+
+    @property
+    def script_python(self) -> tuple[str, Mapping[str, str]]:
+        """Init's interpreter and the environment `run_python` gives it: read-only from
+        inside (host /usr or our read-only mount), so no command can have replaced it."""
+        env = {"PATH": DEFAULT_PATH, "LC_ALL": "C.UTF-8"}
+        if self.python_prefix is not None:
+            env["LD_LIBRARY_PATH"] = f"{PYTHON_MOUNT}/lib"
+        return self.python_inside, env
 
     @classmethod
     def discover(cls, config: LocalConfig) -> _Prepared:
@@ -442,7 +460,12 @@ class _Boot:
             for fd in self._fds:
                 os.close(fd)
         env = {**self.config.base_env, "HOME": SANDBOX_HOME, **self.spec.env}
-        sandbox = LocalSandbox(boot=booted, env=env, keep_state=self.config.keep_state)
+        sandbox = LocalSandbox(
+            boot=booted,
+            env=env,
+            keep_state=self.config.keep_state,
+            python=self.prepared.script_python,
+        )
         try:
             await self._populate(sandbox, commit)
             if self.spec.network is not None:

@@ -7,12 +7,12 @@ sits in memory and survives a crash of the caller's bookkeeping.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from sandbox._result import ExecResult
+from sandbox._result import ExecResult, ScriptResult
 from sandbox._spec import SandboxSpec
 
 
@@ -77,6 +77,28 @@ class Sandbox(Protocol):
         env: Mapping[str, str] | None = None,
     ) -> Process:
         """Start `cmd` with `bash -lc` detached; output is captured to host files."""
+        ...
+
+    async def kill_all(self) -> None:
+        """Kill every process of the sandbox (commands, detached ones, and any daemon they
+        left behind) and keep the sandbox open, so what runs next runs alone. Raises
+        SandboxCommandError if a process survives."""
+        ...
+
+    async def run_python(
+        self,
+        script: str,
+        args: Sequence[str] = (),
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output_bytes: int = 64 << 20,
+    ) -> ScriptResult:
+        """Run a Python script of the caller's with an interpreter the sandbox's commands
+        cannot replace, isolated (`-I -S`: no site hooks, no user paths, no PYTHON*
+        variables), with an empty environment but for PATH, no shell and no rc files, in
+        `/`. For work that must not trust anything earlier commands left behind (capturing
+        the agent's change, reading a report); pair it with `kill_all` first."""
         ...
 
     async def read_file(self, path: str) -> bytes:

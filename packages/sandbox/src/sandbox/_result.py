@@ -33,6 +33,26 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+@dataclass(frozen=True, slots=True)
+class ScriptResult:
+    """What one of the caller's own scripts (`Sandbox.run_python`) left behind.
+
+    stdout stays bytes (a script may stream binary data back) and is bounded by the caller:
+    `truncated` says the script wrote more than that and `stdout` holds only the first part.
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: str
+    timed_out: bool
+    duration: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.truncated
+
+
 _SIGNAL_LIMITS = {int(signal.SIGXCPU): "cpu_seconds", int(signal.SIGXFSZ): "max_file_size_bytes"}
 
 

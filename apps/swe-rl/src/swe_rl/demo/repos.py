@@ -3,8 +3,8 @@
 Each repository is created at run time with one commit (the base): a module with a bug and a
 test file that passes at the base. The task's test patch adds the test that exposes the bug
 (FAIL_TO_PASS) and the existing test must keep passing (PASS_TO_PASS). Tests are standard-
-library unittest, so any machine with python3 grades them, through the grader's
-unittest_junit.py.
+library unittest, so any machine with python3 grades them, through the grader's own unittest
+runner.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-TEST_COMMAND = 'python3 "$GRADING_TOOLS/unittest_junit.py" "$GRADING_REPORT" {module}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +187,7 @@ def task_row(task: DemoTask, repo: Path, base: str) -> dict[str, Any]:
         "problem_statement": task.issue,
         "setup_commands": [],
         "grading": {
-            "test_command": TEST_COMMAND.format(module=task.test_module),
+            "runner": {"type": "unittest", "python": "python3"},
             "fail_to_pass": list(task.fail_to_pass),
             "pass_to_pass": list(task.pass_to_pass),
             "test_patch": test_patch(task, repo),

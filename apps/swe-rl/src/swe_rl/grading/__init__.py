@@ -1,6 +1,15 @@
-"""Tamper-proof grading of an agent's change (see grader.py and the app's docs/grading.md)."""
+"""Grading a policy cannot game (see grader.py and the app's docs/grading.md)."""
 
-from swe_rl.grading.grader import GradeResult, GradingError, GradingLog, grade
-from swe_rl.grading.protected import ProtectedPaths
+from swe_rl.grading.grader import GradingError, GradingLimits, GradingLog, grade
+from swe_rl.grading.rules import ChangeRules
+from swe_rl.grading.verdict import GradeResult, Verdict
 
-__all__ = ["GradeResult", "GradingError", "GradingLog", "ProtectedPaths", "grade"]
+__all__ = [
+    "ChangeRules",
+    "GradeResult",
+    "GradingError",
+    "GradingLimits",
+    "GradingLog",
+    "Verdict",
+    "grade",
+]

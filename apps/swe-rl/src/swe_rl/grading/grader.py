@@ -1,30 +1,39 @@
 """Grade an agent's change in a fresh sandbox it never touched.
 
-1. A fresh sandbox holds a pristine checkout of the task at its base commit; the task's setup
-   runs there first, so nothing the agent changed (a build file naming a pytest plugin, say) can
-   shape the environment the tests run in.
-2. The agent's patch is applied without the files it may not change (protected.py): tests, the
-   test runner's configuration, interpreter start-up hooks. A patch that does not apply earns 0.
-3. The task's test patch is applied on top, restoring its own view of the tests.
-4. The test command runs with $GRADING_REPORT naming a fresh path outside the repository, where
-   it must write a JUnit XML report; $GRADING_TOOLS holds helpers such as unittest_junit.py.
-5. The reward comes from that report alone: 1.0 when every FAIL_TO_PASS and PASS_TO_PASS test
-   passed, else 0.0. The command's exit code and output are logged, never believed: a change
-   that prints "PASSED" or wraps the runner to exit 0 earns nothing.
+1. The change is read as a patch, linearly and off the event loop, and refused whole when it
+   is over its size limit, unreadable, or when git would apply other paths than the ones it
+   names (`git apply --numstat`): a patch is applied only where both agree.
+2. A fresh sandbox holds a pristine checkout of the task at its base commit; the task's setup
+   runs there first, then the task's test patch is applied, so nothing the agent changed
+   shapes the environment or the tests.
+3. The change is applied without the files it may not change (rules.py): tests, what the
+   runner loads or reads, start-up and import hooks, compiled code, modules that would shadow
+   the standard library or the runner, symlinks out of the repository.
+4. The test run is the task's, never the repository's (runners.py): for pytest an explicit
+   configuration file fixed before the change was applied, autoloading off, the wanted tests'
+   files collected.
+5. Our runners write their report to their own stdout, which no program the tests start
+   inherits, so no file holds it that a leftover process could rewrite; a task's own command
+   writes JUnit to a private path outside the repository. Every process of the sandbox is
+   killed before the report is read, and a report file is read bounded, as a regular file
+   only, never through a symlink.
+6. The reward comes from that report alone, each wanted test matched by its exact id: 1.0 when
+   every FAIL_TO_PASS and PASS_TO_PASS test passed. Exit codes and output are logged, never
+   believed.
 
-What no test-based grader can stop: code under test that subverts the test runner from inside
-its own process (monkeypatching the runner at import). That needs a change to the code under
-test, which the reward then reflects only if the tests are fooled; docs/grading.md says more.
+The verdict and its reason are in the result (verdict.py). What no test-based grader can stop,
+code under test that lies about itself in-process, is in docs/grading.md.
 
 Failures of the task or the infrastructure (the sandbox, the setup, the test patch) raise
-GradingError: the episode has no trustworthy reward and is aborted, not scored 0.
+GradingError: the episode has no trustworthy reward and is aborted, not scored 0. What the
+agent's change causes is the agent's: it is graded, and earns nothing.
 """
 
 from __future__ import annotations
 
-import shlex
+import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -33,24 +42,76 @@ from sandbox import (
     Sandbox,
     SandboxCommandError,
     SandboxError,
-    SandboxFileNotFoundError,
     SetupFailedError,
     UnsafePatchError,
     apply_diff,
     run_setup,
 )
-from swe_rl.grading.junit import ReportError, outcomes, parse_report
-from swe_rl.grading.patch_files import join_sections, split_patch
-from swe_rl.grading.protected import ProtectedPaths
-from swe_rl.task import SweTask
+from swe_rl.grading import runners
+from swe_rl.grading.patch_files import (
+    FileSection,
+    PatchError,
+    display,
+    git_apply_paths,
+    join_sections,
+    split_patch,
+)
+from swe_rl.grading.report import PASSING, ReportError, parse_json_report, parse_junit_report
+from swe_rl.grading.rules import ChangeRules
+from swe_rl.grading.verdict import GradeResult, Verdict
+from swe_rl.task import PytestRunner, SweTask
 
 SandboxFactory = Callable[[], Awaitable[Sandbox]]
-TOOLS = ("unittest_junit.py",)
 _LOG_TAIL = 4000
+_READ_REGULAR_FILE = """
+import errno, os, stat, sys
+path, limit = sys.argv[1], int(sys.argv[2])
+flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+try:
+    fd = os.open(path, flags)
+except FileNotFoundError:
+    sys.exit(2)
+except OSError as error:
+    sys.stderr.write("a symlink" if error.errno == errno.ELOOP else error.strerror or "")
+    sys.exit(3)
+if not stat.S_ISREG(os.fstat(fd).st_mode):
+    sys.stderr.write("not a regular file")
+    sys.exit(3)
+left = limit + 1
+while left > 0:
+    chunk = os.read(fd, min(left, 1 << 20))
+    if not chunk:
+        break
+    sys.stdout.buffer.write(chunk)
+    left -= len(chunk)
+"""
+_LIST_BASE = """
+import subprocess, sys
+done = subprocess.run(
+    ["git", "-c", "safe.directory=*", "ls-tree", "-r", "-z", "--name-only", "HEAD"],
+    cwd=sys.argv[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+sys.stdout.buffer.write(done.stdout)
+sys.stderr.buffer.write(done.stderr)
+sys.exit(done.returncode)
+"""
+_MISSING_EXIT, _NOT_REGULAR_EXIT = 2, 3
 
 
 class GradingError(RuntimeError):
     """The task or the infrastructure failed: no trustworthy reward exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class GradingLimits:
+    """Bounds of one grading. A change over `max_patch_bytes` is refused (earning 0), never
+    split or applied; a report over `max_report_bytes` counts as no report."""
+
+    max_patch_bytes: int = 16 << 20
+    max_report_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_patch_bytes <= 0 or self.max_report_bytes <= 0:
+            raise ValueError("GradingLimits must be positive")
 
 
 @dataclass(slots=True)
@@ -75,106 +136,246 @@ class GradingLog:
         return "\n".join(self.lines) + "\n"
 
 
-@dataclass(frozen=True, slots=True)
-class GradeResult:
-    reward: float
-    resolved: bool
-    tests: Mapping[str, str]
-    """Each FAIL_TO_PASS and PASS_TO_PASS test: passed, failed, error, skipped or missing."""
-    refused_paths: Mapping[str, str]
-    """Agent changes grading did not apply, and why."""
-    patch_applied: bool
-    note: str
-    """Why the reward is what it is, in one line."""
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "reward": self.reward,
-            "resolved": self.resolved,
-            "tests": dict(self.tests),
-            "refused_paths": dict(self.refused_paths),
-            "patch_applied": self.patch_applied,
-            "note": self.note,
-        }
-
-
 async def grade(
-    task: SweTask, patch: bytes, new_sandbox: SandboxFactory, log: GradingLog
+    task: SweTask,
+    patch: bytes,
+    new_sandbox: SandboxFactory,
+    log: GradingLog,
+    *,
+    limits: GradingLimits | None = None,
 ) -> GradeResult:
     """Grade `patch` (the agent's captured diff) against `task` in a sandbox from `new_sandbox`."""
-    sections = split_patch(patch)
-    test_patch_paths = frozenset(
-        path for section in split_patch(task.grading.test_patch.encode()) for path in section.paths
-    )
-    rules = ProtectedPaths(test_patch_paths)
-    refused = rules.refused({path for section in sections for path in section.paths})
-    kept = [section for section in sections if not section.paths & refused.keys()]
-    for path, reason in sorted(refused.items()):
-        log.note(f"not applied: {path} ({reason})")
-    wanted = task.grading.fail_to_pass + task.grading.pass_to_pass
+    limits = limits or GradingLimits()
+    grading = _Grading(task, log, limits)
+    sections = await grading.read_change(patch)
+    if isinstance(sections, GradeResult):
+        return sections
     try:
         box = await new_sandbox()
     except SandboxError as error:
         raise GradingError(f"grading sandbox failed to start: {error}") from error
     async with box:
-        await _setup(box, task, log)
+        return await grading.run(box, sections)
+
+
+class _Grading:
+    """One grading: the steps of the module docstring, in order."""
+
+    def __init__(self, task: SweTask, log: GradingLog, limits: GradingLimits) -> None:
+        self.task = task
+        self.log = log
+        self.limits = limits
+        self.wanted = task.grading.fail_to_pass + task.grading.pass_to_pass
+        self.refused: dict[str, str] = {}
+
+    async def read_change(self, patch: bytes) -> list[FileSection] | GradeResult:
+        """The change's sections, or its refusal as a whole."""
+        if len(patch) > self.limits.max_patch_bytes:
+            return self.refuse(
+                f"the change is {len(patch)} bytes, over the "
+                f"{self.limits.max_patch_bytes}-byte limit"
+            )
+        try:
+            sections = await asyncio.to_thread(split_patch, patch)
+            by_git = await git_apply_paths(patch) if patch.strip() else []
+        except PatchError as error:
+            return self.refuse(f"the change is not a patch git can read: {error}")
+        ours = [section.path for section in sections]
+        if ours != by_git:
+            extra = sorted(set(by_git) ^ set(ours))[:3] or by_git[:3]
+            return self.refuse(
+                "the patch does not say plainly which files it changes (git would apply "
+                f"{len(by_git)} paths, its headers name {len(ours)}; e.g. "
+                f"{', '.join(display(p) for p in extra)})"
+            )
+        return sections
+
+    async def run(self, box: Sandbox, sections: list[FileSection]) -> GradeResult:
+        await self._setup(box)
+        test_patch = self.task.grading.test_patch.encode()
+        test_sections = await self._apply_test_patch(box, test_patch)
+        base_paths = await self._base_paths(box) | {s.path for s in test_sections}
+        paths = runners.Paths(box.workspace, f"/tmp/grading-{uuid.uuid4().hex}")
+        runner = self.task.grading.runner
+        config = await self._pytest_config(box, paths) if isinstance(runner, PytestRunner) else None
+        rules = ChangeRules(
+            test_patch_paths=frozenset(p for s in test_sections for p in s.paths),
+            plugins=frozenset(runner.plugins if isinstance(runner, PytestRunner) else ()),
+            test_files=frozenset(p.encode() for p in runners.test_files(runner, self.wanted)),
+            config_files=frozenset([config.encode()] if config and config[0] != "/" else []),
+        )
+        refused = rules.refused(sections, base_paths)
+        self.refused = {display(path): why for path, why in sorted(refused.items())}
+        for path, why in self.refused.items():
+            self.log.note(f"not applied: {path} ({why})")
+        kept = [s for s in sections if not any(p in refused for p in s.paths)]
+        applied = {path for section in kept for path in section.paths}
         try:
             await apply_diff(box, join_sections(kept))
         except (SandboxCommandError, UnsafePatchError) as error:
-            log.note(f"the agent's patch does not apply: {error}")
-            return _failed(wanted, refused, f"the agent's patch does not apply: {error}")
-        if task.grading.test_patch.strip():
-            try:
-                await apply_diff(box, task.grading.test_patch.encode())
-            except SandboxError as error:
-                raise GradingError(f"the task's test patch does not apply: {error}") from error
-        report = await _run_tests(box, task, log)
-    if report is None:
-        return _failed(wanted, refused, "the tests wrote no report", applied=True)
-    try:
-        cases = parse_report(report)
-    except ReportError as error:
-        log.note(f"unusable report: {error}")
-        return _failed(wanted, refused, f"unusable report: {error}", applied=True)
-    tests = outcomes(cases, wanted)
-    for test_id, status in tests.items():
-        log.note(f"{status:>8}  {test_id}")
-    resolved = all(status == "passed" for status in tests.values())
-    failing = sum(status != "passed" for status in tests.values())
-    note = "all tests pass" if resolved else f"{failing} of {len(tests)} tests do not pass"
-    return GradeResult(1.0 if resolved else 0.0, resolved, tests, refused, True, note)
+            self.log.note(f"the agent's patch does not apply: {error}")
+            return self.refuse(f"the change does not apply to the base: {error}")
+        run = runners.plan(runner, self.wanted, paths, await self._write_config(box, paths, config))
+        await self._write_tools(box, paths)
+        result = await box.exec(run.command, env=run.env, timeout=self.task.grading.timeout_s)
+        self.log.command(f"tests: {run.command}", result)
+        await self._stop_everything(box)
+        if run.report == "stdout":
+            report: bytes | str = result.stdout.encode("utf-8", "surrogateescape")
+        else:
+            report = await self._read_report(box, paths.report)
+        return self._verdict(report, run.report, result, applied)
 
+    def refuse(self, reason: str) -> GradeResult:
+        self.log.note(f"change refused: {reason}")
+        return GradeResult(
+            Verdict.CHANGE_REFUSED,
+            reason,
+            dict.fromkeys(self.wanted, "missing"),
+            self.refused,
+        )
 
-async def _setup(box: Sandbox, task: SweTask, log: GradingLog) -> None:
-    try:
-        for result in await run_setup(box, task.setup_commands, timeout=task.grading.timeout_s):
-            log.command("setup", result)
-    except SetupFailedError as error:
-        log.command(f"setup: {error.command}", error.result)
-        raise GradingError(f"setup failed in the grading sandbox: {error.command}") from error
+    async def _setup(self, box: Sandbox) -> None:
+        task = self.task
+        try:
+            for result in await run_setup(box, task.setup_commands, timeout=task.grading.timeout_s):
+                self.log.command("setup", result)
+        except SetupFailedError as error:
+            self.log.command(f"setup: {error.command}", error.result)
+            raise GradingError(f"setup failed in the grading sandbox: {error.command}") from error
 
+    async def _apply_test_patch(self, box: Sandbox, test_patch: bytes) -> list[FileSection]:
+        if not test_patch.strip():
+            return []
+        try:
+            sections = await asyncio.to_thread(split_patch, test_patch)
+            await apply_diff(box, test_patch)
+        except (PatchError, SandboxError) as error:
+            raise GradingError(f"the task's test patch does not apply: {error}") from error
+        return sections
 
-async def _run_tests(box: Sandbox, task: SweTask, log: GradingLog) -> bytes | None:
-    """Run the test command; its report (None if it wrote none)."""
-    private = f"/tmp/grading-{uuid.uuid4().hex}"
-    tools = f"{private}/tools"
-    report = f"{private}/report.xml"
-    for name in TOOLS:
-        source = resources.files("swe_rl.grading").joinpath(name).read_bytes()
-        await box.write_file(f"{tools}/{name}", source)
-    env = {"GRADING_REPORT": report, "GRADING_TOOLS": tools}
-    result = await box.exec(task.grading.test_command, env=env, timeout=task.grading.timeout_s)
-    log.command(f"tests: {task.grading.test_command}", result)
-    try:
-        return await box.read_file(report)
-    except SandboxFileNotFoundError:
-        log.note(f"no report at {report}")
-        return None
-    finally:
-        await box.exec(f"rm -rf -- {shlex.quote(private)}")
+    async def _base_paths(self, box: Sandbox) -> set[bytes]:
+        listed = await box.run_python(_LIST_BASE, [box.workspace], timeout=300)
+        if not listed.ok:
+            raise GradingError(f"listing the base commit failed: {listed.stderr.strip()}")
+        return {path for path in listed.stdout.split(b"\0") if path}
 
+    async def _pytest_config(self, box: Sandbox, paths: runners.Paths) -> str | None:
+        """The file pytest takes its configuration from: the task's own (written later, at a
+        fresh name), or the one the repository has at the base (relative to the root), or a
+        fresh empty one; never one the agent's change can add or alter."""
+        runner = self.task.grading.runner
+        assert isinstance(runner, PytestRunner)
+        if runner.config is not None:
+            return f"{paths.workspace}/.agent-rl-pytest-{uuid.uuid4().hex}.ini"
+        found = await box.run_python(
+            runners.LOCATE_PYTEST_CONFIG, runners.locate_config_args(box.workspace), timeout=60
+        )
+        if not found.ok:
+            raise GradingError(f"locating pytest's configuration failed: {found.stderr}")
+        name = found.stdout.decode()
+        self.log.note(f"pytest configuration: {name or '(none in the repository)'}")
+        if not name:
+            return f"{paths.workspace}/.agent-rl-pytest-{uuid.uuid4().hex}.ini"
+        return name
 
-def _failed(
-    wanted: tuple[str, ...], refused: Mapping[str, str], note: str, *, applied: bool = False
-) -> GradeResult:
-    return GradeResult(0.0, False, dict.fromkeys(wanted, "missing"), refused, applied, note)
+    async def _write_config(
+        self, box: Sandbox, paths: runners.Paths, config: str | None
+    ) -> str | None:
+        """The `-c` path for pytest, writing the task's configuration (or an empty one) where
+        one is due."""
+        runner = self.task.grading.runner
+        if config is None or not isinstance(runner, PytestRunner):
+            return None
+        if config.startswith("/"):
+            await box.write_file(config, runner.config or "[pytest]\n")
+            return config
+        return f"{paths.workspace}/{config}"
+
+    async def _write_tools(self, box: Sandbox, paths: runners.Paths) -> None:
+        tools = resources.files("swe_rl.grading").joinpath("tools")
+        for name in runners.TOOLS:
+            await box.write_file(f"{paths.tools}/{name}", tools.joinpath(name).read_bytes())
+        await box.write_file(paths.wanted, "".join(f"{test_id}\n" for test_id in self.wanted))
+
+    async def _stop_everything(self, box: Sandbox) -> None:
+        """Nothing the code under test started may touch the report once the run is over."""
+        try:
+            await box.kill_all()
+        except SandboxError as error:
+            raise GradingError(f"stopping the test run's processes failed: {error}") from error
+
+    async def _read_report(self, box: Sandbox, path: str) -> bytes | str:
+        """The report's bytes, or why there is none."""
+        limit = self.limits.max_report_bytes
+        read = await box.run_python(
+            _READ_REGULAR_FILE, [path, str(limit)], timeout=120, max_output_bytes=limit + 1
+        )
+        if read.exit_code == _MISSING_EXIT:
+            return "the test run wrote no report"
+        if read.exit_code == _NOT_REGULAR_EXIT:
+            return f"the report path holds no regular file ({read.stderr.strip()})"
+        if read.truncated or len(read.stdout) > limit:
+            return f"the report is larger than {limit} bytes"
+        if not read.ok:
+            raise GradingError(f"reading the report failed: {read.stderr.strip()}")
+        return read.stdout
+
+    def _verdict(
+        self,
+        report: bytes | str,
+        report_format: runners.ReportFormat,
+        result: ExecResult,
+        applied: Collection[bytes],
+    ) -> GradeResult:
+        missing = dict.fromkeys(self.wanted, "missing")
+        if result.timed_out:
+            reason = f"the tests ran past their {self.task.grading.timeout_s:.0f} s limit"
+            return self._result(Verdict.TESTS_TIMED_OUT, reason, missing, timed_out=True)
+        if not report:
+            report = "the test run wrote no report"
+        if isinstance(report, str):
+            return self._result(Verdict.NO_REPORT, report, missing)
+        parse = parse_json_report if report_format == "stdout" else parse_junit_report
+        try:
+            parsed = parse(report)
+        except ReportError as error:
+            return self._result(Verdict.NO_REPORT, f"unusable report: {error}", missing)
+        tests = parsed.outcomes(self.wanted)
+        for test_id, file in parsed.files.items():
+            if test_id in tests and file.encode() in applied:
+                tests[test_id] = "error"
+                self.log.note(f"{test_id}: its file {file} was changed by the agent")
+        for test_id, status in tests.items():
+            self.log.note(f"{status:>8}  {test_id}")
+        if parsed.collection_errors:
+            where, why = next(iter(parsed.collection_errors.items()))
+            first = why.strip().splitlines()[-1:] or [""]
+            reason = f"the tests could not be collected: {where}: {first[0][:300]}"
+            return self._result(
+                Verdict.COLLECTION_ERROR, reason, tests, errors=parsed.collection_errors
+            )
+        failing = [(test_id, s) for test_id, s in tests.items() if s not in PASSING]
+        if not failing:
+            return self._result(Verdict.RESOLVED, "every wanted test passes", tests)
+        first_id, first_status = failing[0]
+        reason = f"{len(failing)} of {len(tests)} tests do not pass ({first_id}: {first_status})"
+        return self._result(Verdict.UNRESOLVED, reason, tests)
+
+    def _result(
+        self,
+        verdict: Verdict,
+        reason: str,
+        tests: Mapping[str, str],
+        *,
+        timed_out: bool = False,
+        errors: Mapping[str, str] | None = None,
+    ) -> GradeResult:
+        if self.refused and verdict is not Verdict.RESOLVED:
+            reason += f"; {len(self.refused)} refused: " + ", ".join(
+                f"{path} ({why})" for path, why in list(self.refused.items())[:3]
+            )
+        self.log.note(f"verdict: {verdict}: {reason}")
+        return GradeResult(
+            verdict, reason, tests, self.refused, timed_out, True, dict(errors or {})
+        )

@@ -1,0 +1,215 @@
+"""Which files of the agent's change grading refuses to apply, and why.
+
+The task's tests are run against the agent's change to the code under test. Anything else a
+change can do that makes failing code pass is refused, file by file, with the reason:
+
+- **the task's tests**: files of the test patch, the files holding the wanted tests, test
+  modules, anything in a test directory;
+- **what the runner loads or reads by itself**: `conftest.py`, the configuration file the
+  test run was given, and runner configuration files by name. The pytest and unittest
+  runners take their configuration from the task, never from discovery in the repository
+  (runners.py), so a config file the list does not name is harmless to them; the list
+  guards tasks that bring their own command;
+- **interpreter start-up and import hooks**: `*.pth`, `sitecustomize`/`usercustomize`, and
+  package metadata (`*.dist-info`, `*.egg-info`, `*.egg-link`), which is where entry-point
+  plugins are declared;
+- **compiled or cached code**: `__pycache__`, `*.pyc`, native extension modules, which a
+  reviewer cannot read and Python prefers over the source next to them;
+- **shadowing**: a new module or package, in a directory that is not a regular package (so
+  the directory may be on the import path), named like a module of the standard library,
+  the runner, its plugin system or a plugin the task loads;
+- **symlinks leaving the repository**, or into `.git`.
+
+The rules are deliberately broad: an honest fix to a SWE task changes the code under test.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from swe_rl.grading.patch_files import SYMLINK_MODE, FileSection
+
+TEST_DIRECTORIES = frozenset({b"test", b"tests", b"testing"})
+RUNNER_LOADS = frozenset({b"conftest.py"})
+RUNNER_CONFIG = frozenset(
+    {
+        b"pytest.ini",
+        b".pytest.ini",
+        b"pytest.toml",
+        b".pytest.toml",
+        b"tox.ini",
+        b"setup.cfg",
+        b"pyproject.toml",
+        b"noxfile.py",
+        b".coveragerc",
+        b"Makefile",
+    }
+)
+START_UP_MODULES = frozenset({"sitecustomize", "usercustomize"})
+METADATA_SUFFIXES = (b".dist-info", b".egg-info", b".egg-link")
+COMPILED_SUFFIXES = (b".pyc", b".pyo", b".so", b".pyd")
+MODULE_SUFFIXES = (b".py", b".pyw", b".pyc", b".pyo", b".so", b".pyd")
+#: The runner and what it is built from or loads plugins through: a module of one of these
+#: names on the import path before the real one takes over the run.
+RUNNER_MODULES = frozenset(
+    {
+        "pytest",
+        "_pytest",
+        "pluggy",
+        "py",
+        "iniconfig",
+        "packaging",
+        "exceptiongroup",
+        "tomli",
+        "pygments",
+        "colorama",
+        "importlib_metadata",
+        "importlib_resources",
+        "zipp",
+        "pkg_resources",
+        "setuptools",
+        "_distutils_hack",
+        "typing_extensions",
+        "unittest_runner",
+        "pytest_runner",
+    }
+)
+#: Standard-library modules, including a few that newer Pythons dropped but older task
+#: environments still import.
+STANDARD_LIBRARY = frozenset(sys.stdlib_module_names) | {
+    "asynchat",
+    "asyncore",
+    "distutils",
+    "imp",
+    "smtpd",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRules:
+    """The rules for one task: its test patch's files and the plugins its runner loads."""
+
+    test_patch_paths: frozenset[bytes] = frozenset()
+    test_files: frozenset[bytes] = frozenset()
+    """Files that hold the wanted tests, whatever their names."""
+    config_files: frozenset[bytes] = frozenset()
+    """The configuration file the test run reads (pytest's `-c`)."""
+    plugins: frozenset[str] = field(default_factory=frozenset)
+
+    def refused(
+        self, sections: Iterable[FileSection], base_paths: Collection[bytes]
+    ) -> dict[bytes, str]:
+        """Every path of a refused section, with the reason its section is refused."""
+        sections = list(sections)
+        packages = _package_dirs(base_paths, sections)
+        refused: dict[bytes, str] = {}
+        for section in sections:
+            reason = self.reason(section, packages)
+            if reason is not None:
+                for path in section.paths:
+                    refused[path] = reason
+        return refused
+
+    def reason(self, section: FileSection, packages: Collection[bytes]) -> str | None:
+        """Why `section` may not be applied, or None if it may."""
+        for path in section.paths:
+            reason = self._path_reason(path)
+            if reason is not None:
+                return reason
+        if section.added and not section.deleted:
+            shadowed = self._shadowed(section.path, packages)
+            if shadowed is not None:
+                return shadowed
+        target = section.symlink_target
+        if section.mode == SYMLINK_MODE and target is not None:
+            return _symlink_reason(section.path, target)
+        return None
+
+    def _path_reason(self, path: bytes) -> str | None:
+        parts = path.split(b"/")
+        name = parts[-1]
+        if path in self.test_patch_paths:
+            return "a file of the task's test patch"
+        if path in self.test_files:
+            return "a file holding the task's tests"
+        if path in self.config_files:
+            return "the test run's configuration file"
+        if any(part in TEST_DIRECTORIES for part in parts[:-1]):
+            return "inside a test directory"
+        if name.endswith(b".py") and (name.startswith(b"test_") or name.endswith(b"_test.py")):
+            return "a test module"
+        if name in RUNNER_LOADS:
+            return "code the test runner loads by itself (conftest.py)"
+        if name in RUNNER_CONFIG:
+            return "test runner configuration"
+        if name.endswith(b".pth") or _module_name(name) in START_UP_MODULES:
+            return "an interpreter start-up hook"
+        if any(part.endswith(METADATA_SUFFIXES) for part in parts):
+            return "package metadata (where entry-point plugins are declared)"
+        if b"__pycache__" in parts or name.endswith(COMPILED_SUFFIXES) or b".so." in name:
+            return "compiled or cached code"
+        if any(part.lower() == b".git" for part in parts):
+            return "inside .git"
+        if path.startswith(b"/") or b".." in parts:
+            return "outside the repository"
+        return None
+
+    def _shadowed(self, path: bytes, packages: Collection[bytes]) -> str | None:
+        """Why a new module at `path` would shadow another, or None."""
+        parts = path.split(b"/")
+        if len(parts) >= 2 and parts[-1] == b"__init__.py":  # a new package: its directory
+            directory, module = b"/".join(parts[:-2]), _decoded(parts[-2])
+        elif parts[-1].endswith(MODULE_SUFFIXES):
+            directory, module = b"/".join(parts[:-1]), _module_name(parts[-1])
+        else:
+            return None
+        if module is None or directory in packages:
+            return None  # inside a regular package it is `package.module`, never top level
+        if module in STANDARD_LIBRARY:
+            return f"would shadow the standard library's {module!r}"
+        if module in RUNNER_MODULES:
+            return f"would shadow the test runner's {module!r}"
+        if module in self.plugins:
+            return f"would shadow the test plugin {module!r}"
+        return None
+
+
+def _module_name(name: bytes) -> str | None:
+    """The importable name of a file name (`json.cpython-311-x86_64-linux-gnu.so` -> json)."""
+    stem = name.split(b".", 1)[0]
+    try:
+        text = stem.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isidentifier() else None
+
+
+def _decoded(part: bytes) -> str | None:
+    return _module_name(part + b".py")
+
+
+def _package_dirs(base_paths: Collection[bytes], sections: Iterable[FileSection]) -> set[bytes]:
+    """Directories holding an `__init__.py` once the change is applied."""
+    inits = {path for path in base_paths if path.endswith(b"/__init__.py")}
+    for section in sections:
+        if section.path.endswith(b"/__init__.py"):
+            if section.deleted:
+                inits.discard(section.path)
+            else:
+                inits.add(section.path)
+        if section.renamed_from is not None:
+            inits.discard(section.renamed_from)
+    return {path[: -len(b"/__init__.py")] for path in inits}
+
+
+def _symlink_reason(link: bytes, target: bytes) -> str | None:
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+    parts = resolved.split(b"/")
+    if target.startswith(b"/") or parts[0] == b"..":
+        return "a symlink pointing outside the repository"
+    if any(part.lower() == b".git" for part in parts):
+        return "a symlink pointing into .git"
+    return None
