@@ -164,7 +164,7 @@ async def test_real_cli_edits_through_its_tool_and_trains_engine_tokens(
             run = await case.harness.run(
                 box, mount, endpoint, TASK, budget=120, output_dir=tmp_path / "run"
             )
-            diff = await capture_diff(box, base)
+            diff = await capture_diff(box, repo, base)
 
     assert (run.exit_code, run.timed_out) == (0, False), (run.stats.error, run.stderr_tail)
     assert run.stats.error is None, run.stats

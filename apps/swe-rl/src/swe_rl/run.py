@@ -105,6 +105,8 @@ class EpisodeRecord:
     trained_tokens: int = 0
     masked_tokens: int = 0
     dir: str = ""
+    grading: dict[str, Any] | None = None
+    """The grading verdict, its reason, refused paths, timeout and per-test outcomes."""
 
     @classmethod
     def from_samples(cls, episode: PlannedEpisode, samples: Sequence[Any]) -> EpisodeRecord:
@@ -133,7 +135,10 @@ class EpisodeRecord:
             sum(s.metadata.get(NAMESPACE, {}).get("sample", {}).get("masked_tokens", {}).values())
             for s in samples
         )
-        record.dir = str(facts.get("artifacts", {}).get("dir", ""))
+        artifacts = facts.get("artifacts", {})
+        record.dir = str(artifacts.get("dir", ""))
+        grading = artifacts.get("grading")
+        record.grading = dict(grading) if isinstance(grading, dict) else None
         return record
 
     @classmethod

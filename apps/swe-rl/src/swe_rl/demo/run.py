@@ -18,8 +18,10 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, JustifyMethod
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -177,6 +179,23 @@ def _write_rows(path: Path, rows: list[dict[str, object]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+_VERDICT_STYLE = {"resolved": "green", "unresolved": "yellow"}
+
+
+def _grading(grading: dict[str, Any] | None) -> str:
+    """The verdict, and each refused path with why: a refused cheat shows as one."""
+    if not grading:
+        return "-"
+    verdict = str(grading.get("verdict", "?"))
+    text = f"[{_VERDICT_STYLE.get(verdict, 'red')}]{verdict}[/]"
+    refused = grading.get("refused_paths") or {}
+    if isinstance(refused, dict) and refused:
+        names = ", ".join(f"{path} ({why})" for path, why in list(refused.items())[:2])
+        more = f" +{len(refused) - 2}" if len(refused) > 2 else ""
+        text += f" · refused {escape(names)}{more}"
+    return text
+
+
 def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> None:
     table = Table(title="episodes (one GRPO group per task)", title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
@@ -188,6 +207,7 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
         ("tools", "right"),
         ("trained", "right"),
         ("masked", "right"),
+        ("grading", "left"),
         ("note", "left"),
     )
     for column, justify in columns:
@@ -208,6 +228,7 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
             str(record.tool_calls),
             str(record.trained_tokens),
             str(record.masked_tokens),
+            _grading(record.grading),
             status,
         )
     console.print(table)

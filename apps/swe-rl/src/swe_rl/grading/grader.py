@@ -56,9 +56,9 @@ from swe_rl.grading.patch_files import (
     join_sections,
     split_patch,
 )
-from swe_rl.grading.report import PASSING, ReportError, parse_json_report, parse_junit_report
+from swe_rl.grading.report import ReportError, parse_json_report, parse_junit_report
 from swe_rl.grading.rules import ChangeRules
-from swe_rl.grading.verdict import GradeResult, Verdict
+from swe_rl.grading.verdict import PASSING_STATUSES, GradeResult, Verdict
 from swe_rl.task import PytestRunner, SweTask
 
 SandboxFactory = Callable[[], Awaitable[Sandbox]]
@@ -355,7 +355,7 @@ class _Grading:
             return self._result(
                 Verdict.COLLECTION_ERROR, reason, tests, errors=parsed.collection_errors
             )
-        failing = [(test_id, s) for test_id, s in tests.items() if s not in PASSING]
+        failing = [(test_id, s) for test_id, s in tests.items() if s not in PASSING_STATUSES]
         if not failing:
             return self._result(Verdict.RESOLVED, "every wanted test passes", tests)
         first_id, first_status = failing[0]

@@ -18,8 +18,6 @@ from xml.etree import ElementTree
 
 MAX_REPORT_BYTES = 64 << 20
 REPORT_MARKER = b"agent-rl-test-report "
-STATUSES = ("passed", "xpassed", "xfailed", "skipped", "failed", "error")
-PASSING = frozenset({"passed", "xpassed", "xfailed"})
 _RANK = {"passed": 0, "xpassed": 0, "xfailed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 

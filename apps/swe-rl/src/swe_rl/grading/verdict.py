@@ -8,6 +8,9 @@ from enum import StrEnum
 
 from slime_backend import JsonValue
 
+MAX_TESTS_IN_SUMMARY = 200
+PASSING_STATUSES = frozenset({"passed", "xpassed", "xfailed"})
+
 
 class Verdict(StrEnum):
     """Why a change earned what it earned; only RESOLVED earns the reward."""
@@ -50,8 +53,15 @@ class GradeResult:
     def resolved(self) -> bool:
         return self.verdict is Verdict.RESOLVED
 
-    def summary(self) -> dict[str, JsonValue]:
-        """Plain JSON data (every sample's metadata, run.json, the viewer)."""
+    def summary(self, max_tests: int = MAX_TESTS_IN_SUMMARY) -> dict[str, JsonValue]:
+        """Plain JSON data (every sample's metadata, run.json, the viewer). Past `max_tests`
+        wanted tests (a SWE-bench task can list thousands), only those that did not pass are
+        listed one by one, and `tests_passing` counts the rest."""
+        tests = dict(self.tests)
+        passing = 0
+        if len(tests) > max_tests:
+            failing = {k: v for k, v in tests.items() if v not in PASSING_STATUSES}
+            passing, tests = len(tests) - len(failing), failing
         return {
             "verdict": str(self.verdict),
             "reason": self.reason,
@@ -60,6 +70,7 @@ class GradeResult:
             "timed_out": self.timed_out,
             "patch_applied": self.patch_applied,
             "refused_paths": dict(self.refused_paths),
-            "tests": dict(self.tests),
+            "tests": tests,
+            "tests_passing": passing,
             "collection_errors": {k: v[-1000:] for k, v in self.collection_errors.items()},
         }
