@@ -18,7 +18,14 @@ from swe_rl.viewer import Chromium, ChromiumConfig, ChromiumError, screenshot, w
 from swe_rl.viewer.chromium import READY, Page
 from trajectory_tree import linearize
 
-from .test_viewer_kit import INJECTED, SUB_AGENT, RecordedRun, record_run
+from .test_viewer_kit import (
+    CONFTEST_WHY,
+    INJECTED,
+    INJECTED_PATH,
+    SUB_AGENT,
+    RecordedRun,
+    record_run,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None,
@@ -138,6 +145,167 @@ def test_the_content_policy_forbids_network_and_injected_handlers(page: Page) ->
     assert errors
     assert all("Content Security Policy" in e for e in errors)
     page.browser.events(page.session).clear()  # expected: the policy says what it refused
+
+
+def test_each_closed_cards_head_shows_its_verdict_and_refused_files(page: Page) -> None:
+    heads = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode')).map(e => {"
+        " const head = e.querySelector('.ep-head');"
+        " const pill = head.querySelector('.pill.verdict');"
+        " const refused = head.querySelector('.refused');"
+        " const box = pill.getBoundingClientRect();"
+        " return [e.dataset.episode, pill.textContent, pill.className, pill.title,"
+        "  box.width > 0 && box.height > 0,"
+        "  refused && [refused.textContent, refused.title]]; })"
+    )
+    assert heads == [
+        [
+            "ep-rich",
+            "resolved",
+            "pill verdict ok",
+            "grading: all 2 wanted tests passed",
+            True,
+            [
+                "1 refused",
+                "The grader did not apply this file of the agent's change:\n"
+                f"conftest.py: {CONFTEST_WHY}",
+            ],
+        ],
+        [
+            "ep-short",
+            "unresolved",
+            "pill verdict warn",
+            "grading: 2 of 6 wanted tests did not pass: tests/test_calc.py::test_add failed",
+            True,
+            [
+                "2 refused",
+                "The grader did not apply these files of the agent's change:\n"
+                f"conftest.py: {CONFTEST_WHY}\n"
+                f"{INJECTED_PATH}: a test file the grader restores",
+            ],
+        ],
+        [
+            "ep-aborted",
+            "not graded",
+            "pill verdict none",
+            "This episode was not graded.",
+            True,
+            None,
+        ],
+        [
+            "ep-broken",
+            "tests timed out",
+            "pill verdict bad",
+            "grading: the test run passed its 30 s limit (the test run timed out)",
+            True,
+            None,
+        ],
+    ]
+    # All of it without opening anything.
+    assert page.evaluate("document.querySelectorAll('.ep-body > *').length") == 0
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
+
+
+def test_the_run_header_counts_verdicts_and_episodes_with_refused_files(page: Page) -> None:
+    verdicts = page.evaluate(
+        "(() => { const t = document.querySelector('.tile[data-tile=\"verdicts\"]');"
+        " return [t.querySelector('.v').textContent, t.querySelector('.k').textContent,"
+        " Array.from(t.querySelectorAll('.vc')).map(v => [v.dataset.verdict, v.className])]; })()"
+    )
+    assert verdicts == [
+        "1 resolved \u00b7 1 unresolved \u00b7 1 tests timed out \u00b7 1 not graded",
+        "grading verdicts",
+        [
+            ["resolved", "vc ok"],
+            ["unresolved", "vc warn"],
+            ["tests_timed_out", "vc bad"],
+            ["", "vc none"],
+        ],
+    ]
+    refused = page.evaluate(
+        "(() => { const t = document.querySelector('.tile[data-tile=\"refused\"]');"
+        " return [t.innerText, t.title, getComputedStyle(t.querySelector('.v')).color]; })()"
+    )
+    assert refused[0] == "2\nepisodes with refused files"
+    assert refused[1].endswith(": ep-rich, ep-short")
+    assert refused[2] == "rgb(192, 38, 45)"  # --bad: a refused file is a cheat stopped
+
+
+def test_an_opened_episode_shows_its_grading_before_its_accounting(page: Page) -> None:
+    open_episode(page, "ep-short")
+    body = ".episode.open .ep-body"
+    headings = page.evaluate(
+        f"Array.from(document.querySelectorAll('{body} > h3')).map(h => h.textContent)"
+    )
+    assert headings[:2] == ["Grading", "Accounting"]
+    grading = page.evaluate(
+        f"(() => {{ const g = document.querySelector('{body} .grading');"
+        " const rows = (sel) => Array.from(g.querySelectorAll(sel + ' tbody tr'))"
+        "   .map(r => Array.from(r.cells).map(c => c.textContent));"
+        " return {line: g.querySelector('.grade-line').textContent,"
+        "  refused: rows('.refused-paths'), tests: rows('.tests'),"
+        "  summary: g.querySelector('.tests-summary').textContent}; })()"
+    )
+    assert grading == {
+        "line": "unresolved2 of 6 wanted tests did not pass: tests/test_calc.py::test_add failed",
+        "refused": [
+            ["conftest.py", CONFTEST_WHY],
+            [INJECTED_PATH, "a test file the grader restores"],
+        ],
+        "tests": [  # failing first
+            ["tests/test_calc.py::test_add", "failed"],
+            [f"tests/test_calc.py::test_name[{INJECTED}]", "missing"],
+        ],
+        "summary": "Tests: 1 failed \u00b7 1 missing \u00b7 +4 passing not listed",
+    }
+
+    open_episode(page, "ep-rich")
+    rich = page.evaluate(
+        "document.querySelector('.episode[data-episode=\"ep-rich\"] .grading').innerText"
+    )
+    assert "resolved" in rich
+    assert f"conftest.py\t{CONFTEST_WHY}" in rich
+    assert "Tests: 2 passed" in rich
+    notes = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode.open .ep-body > .note'))"
+        ".map(n => [n.closest('.episode').dataset.episode, n.textContent])"
+    )
+    # The reason is said once: a completed episode's reason is its grading's reason.
+    assert notes == [["ep-short", "truncated: wall-clock budget reached"]]
+
+    open_episode(page, "ep-aborted")
+    aborted = page.evaluate(
+        "document.querySelector('.episode[data-episode=\"ep-aborted\"] .grading').innerText"
+    )
+    assert aborted == "Not graded: the run records no grading for this episode."
+
+    open_episode(page, "ep-broken")  # no session tree: grading is still shown
+    broken = page.evaluate(
+        "Array.from(document.querySelector('.episode[data-episode=\"ep-broken\"] .ep-body')"
+        ".children).map(e => e.className || e.tagName)"
+    )
+    assert broken[broken.index("H3") + 1] == "grading"
+    text = page.evaluate(
+        "document.querySelector('.episode[data-episode=\"ep-broken\"] .grading').innerText"
+    )
+    assert "tests timed out" in text
+    assert "The test run passed its time limit." in text
+    assert "tests/test_calc.py::test_sub\tmissing" in text
+
+
+def test_a_refused_file_named_as_markup_renders_as_text(page: Page) -> None:
+    open_episode(page, "ep-short")
+    cells = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode.open .refused-paths td.path'))"
+        ".map(td => [td.textContent, td.children.length])"
+    )
+    assert [INJECTED_PATH, 0] in cells
+    title = page.evaluate(
+        "document.querySelector('.episode[data-episode=\"ep-short\"] .refused').title"
+    )
+    assert INJECTED_PATH in title
+    assert page.evaluate("document.querySelectorAll('img, iframe, object, embed').length") == 0
+    assert page.evaluate("window.__pwned === undefined")
 
 
 def test_an_opened_episode_draws_its_tree_as_branches(page: Page, recorded: RecordedRun) -> None:

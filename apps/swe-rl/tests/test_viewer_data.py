@@ -25,13 +25,22 @@ from slime_backend import (
     GateConfig,
     evaluate_gates,
 )
+from swe_rl.grading import Verdict
 from swe_rl.viewer import RunDirError, write_viewer
 from swe_rl.viewer.branches import layout
 from swe_rl.viewer.embed import script_json
 from swe_rl.viewer.legend import REASONS
 from trajectory_tree import LossReason, RewardPolicy, assign_reward, dumps, linearize
 
-from .test_viewer_kit import INJECTED, SUB_AGENT, RecordedRun, record_run
+from .test_viewer_kit import (
+    CONFTEST_WHY,
+    GRADING,
+    INJECTED,
+    INJECTED_PATH,
+    SUB_AGENT,
+    RecordedRun,
+    record_run,
+)
 
 ASSETS = resources.files("swe_rl.viewer") / "assets"
 
@@ -205,6 +214,99 @@ def test_cards_carry_outcome_accounting_and_the_gates_each_episode_trips(
     assert index["alarms"][0]["gate"] == "zero_trainable"
 
 
+GRADING_KEYS = {"verdict", "reason", "timed_out", "refused_paths", "tests", "tests_passing"}
+
+
+def test_each_card_carries_the_grading_run_json_recorded(
+    recorded: RecordedRun, decode: Callable[[int], str]
+) -> None:
+    index = blocks(write_viewer(recorded.directory, decode)).json["run-data"]
+    rich, short, aborted, broken = index["episodes"]
+    for card in (rich, short, broken):
+        written = GRADING[card["episode_id"]]
+        assert set(written) > GRADING_KEYS  # grading writes more than the viewer reads ...
+        assert card["grading"] == {k: written[k] for k in GRADING_KEYS}  # ... which is ignored
+    assert rich["grading"]["verdict"] == "resolved"
+    assert rich["grading"]["refused_paths"] == {"conftest.py": CONFTEST_WHY}
+    assert short["grading"]["tests"] == {
+        "tests/test_calc.py::test_add": "failed",
+        f"tests/test_calc.py::test_name[{INJECTED}]": "missing",
+    }
+    assert short["grading"]["tests_passing"] == 4
+    assert short["grading"]["refused_paths"][INJECTED_PATH] == "a test file the grader restores"
+    assert (broken["grading"]["verdict"], broken["grading"]["timed_out"]) == (
+        "tests_timed_out",
+        True,
+    )
+    assert aborted["grading"] is None  # not graded: run.json has no grading for it
+
+
+def test_a_run_without_grading_is_shown_as_before(
+    recorded: RecordedRun, decode: Callable[[int], str], tmp_path: Path
+) -> None:
+    run = copy_run(recorded, tmp_path / "run")
+    before = blocks(write_viewer(run, decode)).json["run-data"]["episodes"]
+
+    def strip(data: dict[str, Any]) -> None:
+        for episode in data["episodes"]:
+            episode.pop("grading", None)
+
+    edit_run(run, strip)
+    after = blocks(write_viewer(run, decode)).json["run-data"]["episodes"]
+    assert [c["grading"] for c in after] == [None] * 4
+    for card in (*before, *after):
+        card.pop("grading")
+    assert after == before
+
+
+def test_unknown_keys_in_grading_are_ignored_and_bad_ones_refused(
+    recorded: RecordedRun, decode: Callable[[int], str], tmp_path: Path
+) -> None:
+    run = copy_run(recorded, tmp_path / "run")
+
+    def add(data: dict[str, Any]) -> None:
+        data["episodes"][0]["grading"]["judge"] = {"model": "a newer grader", "score": [1, 2]}
+        data["episodes"][2]["grading"] = {"verdict": "no_report", "future_flag": True}
+
+    edit_run(run, add)
+    cards = blocks(write_viewer(run, decode)).json["run-data"]["episodes"]
+    assert cards[0]["grading"] == {k: GRADING["ep-rich"][k] for k in GRADING_KEYS}
+    assert cards[2]["grading"] == {
+        "verdict": "no_report",
+        "reason": "",
+        "timed_out": False,
+        "refused_paths": {},
+        "tests": {},
+        "tests_passing": 0,
+    }
+    cases: list[tuple[Callable[[dict[str, Any]], None], str]] = [
+        (
+            lambda d: d["episodes"][0]["grading"].update(tests_passing="many"),
+            r"episodes\[0\]\.grading\.tests_passing: expected an integer",
+        ),
+        (
+            lambda d: d["episodes"][1]["grading"]["refused_paths"].update({"x.py": 3}),
+            r"episodes\[1\]\.grading\.refused_paths\.x\.py: expected a string",
+        ),
+        (
+            lambda d: d["episodes"][0].update(grading=["resolved"]),
+            r"episodes\[0\]\.grading: expected",
+        ),
+    ]
+    original = (run / "run.json").read_text()
+    for change, message in cases:
+        (run / "run.json").write_text(original)
+        edit_run(run, change)
+        with pytest.raises(RunDirError, match=message):
+            write_viewer(run, decode)
+
+
+def test_the_page_has_words_for_every_verdict() -> None:
+    js = (ASSETS / "viewer.js").read_text(encoding="ascii")
+    for verdict in Verdict:
+        assert f'["{verdict}", "{verdict.replace("_", " ")}", ' in js, verdict
+
+
 def test_flag_names_are_the_gate_names() -> None:
     """The page links each episode's flags to the run's alarms by gate name."""
     silent = EpisodeHealth(EpisodeStatus.COMPLETED, 0, 0, 3)
@@ -325,6 +427,9 @@ def test_model_output_cannot_end_its_script_element(
     assert INJECTED in rich["artifacts"]["grading_log"]["text"]
     reply = rich["nodes"][rich["turns"][9]["node"]]["message"]
     assert reply["content"][0]["text"].endswith(INJECTED)
+    short = parsed.json["run-data"]["episodes"][1]["grading"]
+    assert INJECTED_PATH in short["refused_paths"]
+    assert f"tests/test_calc.py::test_name[{INJECTED}]" in short["tests"]
 
 
 @given(

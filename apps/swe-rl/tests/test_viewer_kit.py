@@ -5,8 +5,11 @@ real SGLang client) with the official `anthropic` SDK as the client; only the en
 SGLang-wire double, replying from the script below. The rich episode has everything a viewer
 must draw: a main agent with tool calls and results, a sub-agent (its own system prompt and
 agent-id header), an engine abort answered by the client's retry, an abandoned retry, and a
-compaction (a summary request, then a new history that starts from the summary). Model output
-and tool output carry markup (`</script>`, `<img onerror=...>`) that must render as text.
+compaction (a summary request, then a new history that starts from the summary). Grading's
+verdicts are written as `swe_rl.run` writes them: resolved with a refused conftest.py (a cheat
+the grader did not apply), unresolved with passing tests left unlisted, timed out, and not graded.
+Model output, tool output, a refused file's name and a test id carry markup (`</script>`,
+`<img onerror=...>`) that must render as text.
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ from anthropic.types import MessageParam, ToolParam
 from protocol_adapters import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
+from swe_rl.grading import GradeResult, Verdict
 from trajectory_tree import SessionTree, dumps
 
 INJECTED = '</script><img src=x onerror="window.__pwned=1"><!--'
 """Markup in model and tool output; if it ever ran, `window.__pwned` would be set."""
+INJECTED_PATH = '<img src=x onerror="window.__pwned=1">.py'
+"""A file an agent named itself, refused by grading: the page must show the name as text."""
+CONFTEST_WHY = "code the test runner loads by itself (conftest.py)"
 
 SUB_AGENT = "a1b2c3d4e5f60718"
 MAIN_SYSTEM = "You are a coding agent. Fix the issue in the repository you are given."
@@ -100,10 +107,28 @@ async def _record(directory: Path, vocabulary: Vocabulary) -> RecordedRun:
         aborted = await _session(stack, "aborted", _aborted_episode)
     trees = {"ep-rich": rich, "ep-short": short, "ep-aborted": aborted}
     episodes = [
-        _entry("ep-rich", "calc__add-1", 0, 1.0, 0.87, "completed", ""),
-        _entry("ep-short", "calc__add-1", 0, 0.0, -0.87, "truncated", "wall-clock budget reached"),
-        _entry("ep-aborted", "calc__sub-2", 1, 0.0, None, "aborted", "grading: tests timed out"),
-        _entry("ep-broken", "calc__sub-2", 1, 1.0, 0.0, "completed", ""),
+        _entry(
+            "ep-rich",
+            "calc__add-1",
+            0,
+            1.0,
+            0.87,
+            "completed",
+            str(GRADING["ep-rich"]["reason"]),  # as swe_rl.episode reports it
+            GRADING["ep-rich"],
+        ),
+        _entry(
+            "ep-short",
+            "calc__add-1",
+            0,
+            0.0,
+            -0.87,
+            "truncated",
+            "wall-clock budget reached",
+            GRADING["ep-short"],
+        ),
+        _entry("ep-aborted", "calc__sub-2", 1, 0.0, None, "aborted", "sandbox: could not start"),
+        _entry("ep-broken", "calc__sub-2", 1, 0.0, 0.0, "completed", "", GRADING["ep-broken"]),
     ]
     for episode_id, tree in trees.items():
         _write(directory / "episodes" / episode_id / "tree.json", dumps(tree))
@@ -130,6 +155,42 @@ async def _record(directory: Path, vocabulary: Vocabulary) -> RecordedRun:
     return RecordedRun(directory, trees)
 
 
+GRADING: dict[str, dict[str, Any]] = {
+    # Resolved, with a cheat refused: the agent's conftest.py was not applied.
+    "ep-rich": GradeResult(
+        Verdict.RESOLVED,
+        "all 2 wanted tests passed",
+        {"tests/test_calc.py::test_add": "passed", "tests/test_calc.py::test_sub": "passed"},
+        {"conftest.py": CONFTEST_WHY},
+        patch_applied=True,
+    ).summary(),
+    # Unresolved; two files refused, one named as markup; most passing tests left unlisted.
+    "ep-short": GradeResult(
+        Verdict.UNRESOLVED,
+        "2 of 6 wanted tests did not pass: tests/test_calc.py::test_add failed",
+        {
+            "tests/test_calc.py::test_mul": "passed",
+            "tests/test_calc.py::test_add": "failed",
+            "tests/test_calc.py::test_neg": "xfailed",
+            f"tests/test_calc.py::test_name[{INJECTED}]": "missing",
+            "tests/test_calc.py::test_zero": "passed",
+            "tests/test_calc.py::test_one": "passed",
+        },
+        {"conftest.py": CONFTEST_WHY, INJECTED_PATH: "a test file the grader restores"},
+        patch_applied=True,
+    ).summary(max_tests=3),
+    "ep-broken": GradeResult(
+        Verdict.TESTS_TIMED_OUT,
+        "the test run passed its 30 s limit",
+        {"tests/test_calc.py::test_sub": "missing"},
+        timed_out=True,
+        patch_applied=True,
+    ).summary(),
+}
+"""What grading wrote for each graded episode, as `swe_rl.run` puts it in run.json (with the
+keys the viewer does not read: reward, resolved, patch_applied, collection_errors)."""
+
+
 DIFF = """diff --git a/calc.py b/calc.py
 --- a/calc.py
 +++ b/calc.py
@@ -148,8 +209,9 @@ def _entry(
     advantage: float | None,
     status: str,
     reason: str,
+    grading: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    entry: dict[str, Any] = {
         "episode_id": episode_id,
         "instance_id": instance_id,
         "group": group,
@@ -159,6 +221,9 @@ def _entry(
         "reason": reason,
         "dir": f"episodes/{episode_id}",
     }
+    if grading is not None:  # an episode that was not graded has no key (older runs neither)
+        entry["grading"] = grading
+    return entry
 
 
 def _write(path: Path, text: str) -> None:

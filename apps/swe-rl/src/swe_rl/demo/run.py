@@ -183,16 +183,16 @@ _VERDICT_STYLE = {"resolved": "green", "unresolved": "yellow"}
 
 
 def _grading(grading: dict[str, Any] | None) -> str:
-    """The verdict, and each refused path with why: a refused cheat shows as one."""
+    """The verdict, and the files grading refused to apply: a refused cheat shows as one
+    (why each was refused is in run.json and the viewer)."""
     if not grading:
         return "-"
     verdict = str(grading.get("verdict", "?"))
     text = f"[{_VERDICT_STYLE.get(verdict, 'red')}]{verdict}[/]"
     refused = grading.get("refused_paths") or {}
     if isinstance(refused, dict) and refused:
-        names = ", ".join(f"{path} ({why})" for path, why in list(refused.items())[:2])
-        more = f" +{len(refused) - 2}" if len(refused) > 2 else ""
-        text += f" · refused {escape(names)}{more}"
+        names = ", ".join(list(refused)[:2]) + (f" +{len(refused) - 2}" if len(refused) > 2 else "")
+        text += f", refused {escape(names)}"
     return text
 
 

@@ -7,8 +7,9 @@ token they train on.
 Per episode: the session tree as a branch diagram (main agent, sub-agents, compaction restarts,
 retries), every model call's request, reply, tool calls and results, each sample's tokens
 coloured by loss mask and by the reason of every masked span (hover for id, logprob, reason),
-reward and advantage, and the run's silent-failure alarms. Nothing is fetched: data, style and
-script are in the file, and its content policy forbids the network.
+reward and advantage, grading's verdict (refused files flagged on the card), and the run's
+silent-failure alarms. Nothing is fetched: data, style and script are in the file, and its
+content policy forbids the network.
 """
 
 from .chromium import Chromium, ChromiumConfig, ChromiumError, screenshot

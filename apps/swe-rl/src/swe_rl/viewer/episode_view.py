@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_backend import ConversionOptions, EpisodeHealth, EpisodeStatus
+from slime_backend import ConversionOptions, EpisodeHealth, EpisodeStatus, to_mapping
 from trajectory_tree import (
     Linearization,
     Node,
@@ -70,6 +70,7 @@ def episode_view(
         "advantage": entry.advantage,
         "status": str(entry.status),
         "reason": entry.reason,
+        "grading": to_mapping(entry.grading) if entry.grading is not None else None,
         "error": None,
         "stats": None,
         "flags": [],

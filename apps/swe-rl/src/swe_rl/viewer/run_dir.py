@@ -45,8 +45,22 @@ class Alarm:
 
 
 @dataclass(frozen=True, slots=True)
+class GradingEntry:
+    """What grading said of the episode's change (swe_rl.grading.GradeResult.summary)."""
+
+    verdict: str = ""
+    reason: str = ""
+    timed_out: bool = False
+    refused_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tests_passing: int = 0
+    """Passing tests left out of `tests` (a summary lists at most a few hundred)."""
+
+
+@dataclass(frozen=True, slots=True)
 class EpisodeEntry:
-    """One episode as the run index lists it; `advantage` is None where none was computed."""
+    """One episode as the run index lists it; `advantage` is None where none was computed,
+    `grading` where the episode was not graded."""
 
     episode_id: str
     instance_id: str
@@ -56,6 +70,7 @@ class EpisodeEntry:
     status: EpisodeStatus
     reason: str
     dir: str
+    grading: GradingEntry | None = None
 
     def __post_init__(self) -> None:
         _finite(self, "reward", "advantage")
@@ -107,6 +122,11 @@ def _known_keys(data: object) -> object:
         items = index.get(name)
         if isinstance(items, list):
             index[name] = [_only_fields(kind, i) if isinstance(i, Mapping) else i for i in items]
+    episodes = index.get("episodes")
+    for episode in episodes if isinstance(episodes, list) else ():
+        grading = episode.get("grading") if isinstance(episode, dict) else None
+        if isinstance(grading, Mapping):
+            episode["grading"] = _only_fields(GradingEntry, grading)
     return index
 
 

@@ -54,6 +54,72 @@
     return agent === null || agent === undefined ? "main agent" : "sub-agent " + agent;
   }
 
+  // ---- grading verdicts -----------------------------------------------------------------
+
+  // Grading's verdicts (swe_rl.grading.Verdict) in the order the page lists them. Only
+  // "resolved" earns the reward; a verdict this page does not know is shown as written.
+  const VERDICTS = [
+    ["resolved", "resolved", "ok"],
+    ["unresolved", "unresolved", "warn"],
+    ["change_refused", "change refused", "bad"],
+    ["tests_timed_out", "tests timed out", "bad"],
+    ["collection_error", "collection error", "bad"],
+    ["no_report", "no report", "bad"],
+  ];
+  const VERDICT = new Map(VERDICTS.map(([code, label, tone]) => [code, { label, tone }]));
+  const PASSING = new Set(["passed", "xpassed", "xfailed"]); // grading's PASSING_STATUSES
+  const TEST_ORDER = ["failed", "error", "missing", "skipped"]; // then any other, then passing
+
+  function verdictLabel(verdict) {
+    if (verdict === null) return "not graded";
+    const known = VERDICT.get(verdict);
+    return known ? known.label : verdict ? String(verdict).replace(/_/g, " ") : "no verdict";
+  }
+
+  function verdictTone(verdict) {
+    if (verdict === null) return "none";
+    const known = VERDICT.get(verdict);
+    return known ? known.tone : "bad";
+  }
+
+  function verdictPill(g) {
+    const verdict = g ? g.verdict : null;
+    const late = g && g.timed_out && verdict !== "tests_timed_out" ? " (timed out)" : "";
+    const pill = h("span", "pill verdict " + verdictTone(verdict), verdictLabel(verdict) + late);
+    pill.dataset.verdict = verdict === null ? "" : verdict;
+    pill.title = g
+      ? "grading: " + (g.reason || verdictLabel(verdict)) + (g.timed_out ? " (the test run timed out)" : "")
+      : "This episode was not graded.";
+    return pill;
+  }
+
+  function refusedOf(g) {
+    return g && g.refused_paths ? Object.entries(g.refused_paths) : [];
+  }
+
+  function refusedFlag(refused) {
+    const el = h("span", "refused", refused.length + " refused");
+    el.title = "The grader did not apply " + (refused.length === 1 ? "this file" : "these files") +
+      " of the agent's change:\n" + refused.map(([path, why]) => path + ": " + why).join("\n");
+    return el;
+  }
+
+  function testRank(status) {
+    const i = TEST_ORDER.indexOf(status);
+    return i >= 0 ? i : PASSING.has(status) ? TEST_ORDER.length + 1 : TEST_ORDER.length;
+  }
+
+  function verdictCounts() {
+    const counts = new Map();
+    for (const c of RUN.episodes) {
+      const v = c.grading ? c.grading.verdict : null;
+      counts.set(v, (counts.get(v) || 0) + 1);
+    }
+    const order = VERDICTS.map(([code]) => code);
+    const rank = (v) => v === null ? order.length + 1 : order.indexOf(v) >= 0 ? order.indexOf(v) : order.length;
+    return [...counts.entries()].sort((a, b) => rank(a[0]) - rank(b[0]));
+  }
+
   // ---- tooltip --------------------------------------------------------------------------
 
   function showTip(target, rows) {
@@ -114,6 +180,7 @@
       t.append(h("div", "v", v), h("div", "k", k));
       tiles.append(t);
     }
+    if (cards.some((c) => c.grading)) tiles.append(...gradingTiles());
     root.append(tiles);
 
     if (!RUN.alarms.length) {
@@ -137,6 +204,29 @@
       });
       root.append(el);
     }
+  }
+
+  function gradingTiles() {
+    const verdicts = h("div", "tile verdicts");
+    verdicts.dataset.tile = "verdicts";
+    const list = h("div", "v");
+    verdictCounts().forEach(([verdict, n], i) => {
+      if (i) list.append(" \u00b7 ");
+      const item = h("span", "vc " + verdictTone(verdict));
+      item.dataset.verdict = verdict === null ? "" : verdict;
+      item.append(h("b", null, fmt(n)), " " + verdictLabel(verdict));
+      list.append(item);
+    });
+    verdicts.append(list, h("div", "k", "grading verdicts"));
+    const refused = RUN.episodes.filter((c) => refusedOf(c.grading).length);
+    const files = h("div", "tile" + (refused.length ? " alert" : ""));
+    files.dataset.tile = "refused";
+    files.append(h("div", "v", fmt(refused.length)), h("div", "k", "episodes with refused files"));
+    files.title = refused.length
+      ? "The grader did not apply some files of these episodes' changes: " +
+        refused.map((c) => c.episode_id).join(", ")
+      : "The grader applied every file of every change it graded.";
+    return [verdicts, files];
   }
 
   function statusCounts() {
@@ -248,9 +338,14 @@
       ? fmt(c.stats.turns) + " calls \u00b7 " + fmt(c.stats.samples) + " samples \u00b7 " +
         fmt(c.stats.trained_tokens) + " trained"
       : "no session tree";
+    const grade = h("div", "ep-grade");
+    grade.append(verdictPill(c.grading));
+    const refused = refusedOf(c.grading);
+    if (refused.length) grade.append(refusedFlag(refused));
     head.append(
       h("span", "chev", "\u25b8"),
       h("span", "pill st-" + c.status, c.status),
+      grade,
       h("span", "ep-id", c.episode_id),
       inst, flags, reward, adv, meta
     );
@@ -277,7 +372,8 @@
   function episodeBody(body, c, index) {
     const ep = detail(index);
     if (c.error) body.append(h("div", "note bad", c.error));
-    if (c.reason) {
+    const graded = c.grading && c.grading.reason === c.reason; // the Grading section says it
+    if (c.reason && !(graded && c.status === "completed")) {
       const tone = c.status === "completed" ? "note" : "note warn";
       body.append(h("div", tone, c.status + ": " + c.reason));
     }
@@ -286,6 +382,7 @@
         "This episode was aborted: slime receives one placeholder sample and trains none of " +
         "the tokens below (they are shown greyed, as recorded)."));
     }
+    body.append(h("h3", null, "Grading"), gradingSection(c.grading));
     if (c.stats) {
       body.append(h("h3", null, "Accounting"));
       body.append(facts(c, ep));
@@ -302,6 +399,72 @@
       body.append(turnsSection(ctx));
     }
     body.append(artifacts(ep.artifacts));
+  }
+
+  function gradingSection(g) {
+    const box = h("div", "grading");
+    if (!g) {
+      box.append(h("div", "note", "Not graded: the run records no grading for this episode."));
+      return box;
+    }
+    const line = h("div", "grade-line");
+    line.append(verdictPill(g), h("span", "grade-reason", g.reason || "(no reason recorded)"));
+    box.append(line);
+    if (g.timed_out) box.append(h("div", "note warn", "The test run passed its time limit."));
+
+    const refused = refusedOf(g);
+    if (refused.length) {
+      box.append(h("div", "grade-k",
+        (refused.length === 1 ? "1 file" : refused.length + " files") +
+        " of the agent's change refused: the grader did not apply " +
+        (refused.length === 1 ? "it" : "them")));
+      const table = h("table", "grade-table refused-paths");
+      const head = h("tr");
+      head.append(h("th", null, "path"), h("th", null, "why it was refused"));
+      const thead = h("thead");
+      thead.append(head);
+      const tbody = h("tbody");
+      for (const [path, why] of refused) {
+        const tr = h("tr");
+        tr.append(h("td", "mono path", path), h("td", null, why));
+        tbody.append(tr);
+      }
+      table.append(thead, tbody);
+      box.append(table);
+    }
+
+    const tests = Object.entries(g.tests || {}).map(([id, status], i) => [id, status, i]);
+    tests.sort((a, b) => testRank(a[1]) - testRank(b[1]) || a[2] - b[2]);
+    const passing = Number(g.tests_passing) || 0;
+    const byStatus = new Map();
+    for (const [, status] of tests) byStatus.set(status, (byStatus.get(status) || 0) + 1);
+    const parts = [...byStatus.entries()]
+      .sort((a, b) => testRank(a[0]) - testRank(b[0]))
+      .map(([status, n]) => fmt(n) + " " + status);
+    if (passing > 0) parts.push("+" + fmt(passing) + " passing not listed");
+    box.append(h("div", "grade-k tests-summary",
+      tests.length || passing ? "Tests: " + parts.join(" \u00b7 ") : "No test outcome was recorded."));
+    if (tests.length) {
+      const scroll = h("div", "grade-tests");
+      const table = h("table", "grade-table tests");
+      const head = h("tr");
+      head.append(h("th", null, "test"), h("th", null, "status"));
+      const thead = h("thead");
+      thead.append(head);
+      const tbody = h("tbody");
+      for (const [id, status] of tests) {
+        const tr = h("tr");
+        const tone = PASSING.has(status) ? "ok" : status === "skipped" ? "warn" : "bad";
+        const cell = h("td");
+        cell.append(h("span", "ts " + tone, status));
+        tr.append(h("td", "mono", id), cell);
+        tbody.append(tr);
+      }
+      table.append(thead, tbody);
+      scroll.append(table);
+      box.append(scroll);
+    }
+    return box;
   }
 
   function facts(c, ep) {
