@@ -442,75 +442,46 @@ async def test_tracked_directories_replaced_by_links_out_read_nothing_outside(
     assert await applied(backend, spec, diff) == tree
 
 
-async def test_an_unreadable_file_is_noted_and_left_as_it_was(
+async def test_what_the_agent_made_unreadable_is_read_all_the_same(
     backend: LocalBackend, source_repo: tuple[Path, str]
 ) -> None:
+    """The agent owns every file: locking one is no change, and never makes it vanish."""
     repo, base = source_repo
     spec = workspace_of(source_repo)
     async with await backend.create(spec) as box:
         await agent(box, f"{HONEST_EDIT}; printf s > locked.py; chmod 000 locked.py keep.py")
         assert (await box.exec("cat keep.py")).exit_code != 0  # not even root reads it inside
         diff = await capture_diff(box, repo, base)
-    assert diff.changed_paths == ("edit.py",)
-    assert diff.left_out == (
-        ("keep.py", "unreadable: Permission denied"),
-        ("locked.py", "unreadable: Permission denied"),
-    )
+    assert diff.changed_paths == ("edit.py", "locked.py")
+    assert diff.left_out == ()
+    assert b"+s\n" in diff.patch or b"+s\n\\ No newline" in diff.patch
 
 
-@pytest.mark.parametrize(
-    "locked",
-    [
-        "pkg/sub",
-        pytest.param(
-            "pkg",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="src bug: Workspace._in_real_dirs takes a directory it cannot lstat "
-                "(PermissionError: its parent is not searchable) for one that is gone, so "
-                "pkg/sub/deep.py under `chmod 000 pkg` is recorded as deleted",
-            ),
-        ),
-        pytest.param(
-            ".",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="src bug: with the workspace root unsearchable, the walker's "
-                "`git ls-files` fails ('this operation must be run in a work tree') and "
-                "capture_diff raises SandboxCommandError: the agent can make any capture fail",
-            ),
-        ),
-    ],
-)
-async def test_an_unreadable_tracked_directory_is_noted_never_deleted(
+@pytest.mark.parametrize("locked", ["pkg/sub", "pkg", "."])
+async def test_an_unreadable_tracked_directory_is_read_never_deleted(
     backend: LocalBackend, tree_repo: tuple[Path, str], locked: str
 ) -> None:
     repo, base = tree_repo
     async with await backend.create(workspace_of(tree_repo)) as box:
-        await agent(box, f"{HONEST_EDIT}; chmod 000 {locked}")
-        assert (await box.exec("cat pkg/sub/deep.py")).exit_code != 0
+        await agent(box, f"{HONEST_EDIT}; echo new > pkg/sub/new.py; chmod 000 {locked}")
+        assert (await box.exec("cat /workspace/pkg/sub/deep.py", cwd="/")).exit_code != 0
         diff = await capture_diff(box, repo, base)
-    under = "" if locked == "." else f"{locked}/"
-    assert diff.changed_paths == (() if locked == "." else ("edit.py",))
-    assert diff.left_out, "the unreadable files are noted"
-    assert all(path.startswith(under) for path, _ in diff.left_out), diff.left_out
-    assert "pkg/sub/deep.py" in {path for path, _ in diff.left_out}
+    assert diff.changed_paths == ("edit.py", "pkg/sub/new.py")
+    assert diff.left_out == ()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: git ls-files --others only warns (on stderr) about a directory it cannot "
-    "open, and the walker neither reads nor notes it: files the agent made are dropped silently",
-)
-async def test_an_unreadable_untracked_directory_is_noted(
+async def test_an_unreadable_untracked_directory_is_captured(
     backend: LocalBackend, source_repo: tuple[Path, str]
 ) -> None:
     repo, base = source_repo
     async with await backend.create(workspace_of(source_repo)) as box:
-        await agent(box, f"{HONEST_EDIT}; mkdir secret; echo x > secret/f; chmod 000 secret")
+        await agent(
+            box,
+            f"{HONEST_EDIT}; mkdir -p secret/deeper; echo x > secret/deeper/f; "
+            "chmod 000 secret/deeper secret",
+        )
         diff = await capture_diff(box, repo, base)
-    assert diff.changed_paths == ("edit.py",)
-    assert [path for path, _ in diff.left_out if path.startswith("secret")], diff.left_out
+    assert diff.changed_paths == ("edit.py", "secret/deeper/f")
 
 
 # -- limits -----------------------------------------------------------------------------------
@@ -545,12 +516,6 @@ async def test_more_files_than_max_files_is_too_large(
             await capture_diff(box, repo, base, limits=CaptureLimits(max_files=9))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: the walker reads an unchanged tracked file only up to the budget left "
-    "(Workspace.read(path, writer.data_left)), so a file larger than that hashes differently "
-    "and is recorded as a change: ChangeTooLargeError though the change is small",
-)
 @pytest.mark.parametrize("change", ["", "head -c 500K /dev/urandom > a.bin"])
 async def test_an_unchanged_large_tracked_file_is_no_change(
     backend: LocalBackend, tmp_path: Path, change: str
@@ -624,12 +589,6 @@ async def test_agent_commits_count_as_their_content(
     assert (undone.patch, undone.changed_paths) == (b"", ())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: the walker's `git ls-files --others` uses the host repository's own index "
-    "(GIT_DIR/index of the task repository), so a new file that index tracks (here later.txt, "
-    "of a commit after base) is not 'other' and is dropped from the capture without a note",
-)
 @pytest.mark.parametrize(
     "work", ["printf 'mine\\n' > later.txt", "git reset -q --hard origin/main"]
 )
@@ -671,13 +630,6 @@ echo "swapped $dir"
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: the task's git directory is a read-only bind whose parent directories sit "
-    "on writable file systems inside (/tmp here, the root tmpfs elsewhere); the agent renames "
-    "a parent, plants its own repository at the path, and the walker's git runs the agent's "
-    "commands after kill_all (lazy fetch), leaving a process running after the capture",
-)
 async def test_the_task_repository_cannot_be_swapped(
     backend: LocalBackend, source_repo: tuple[Path, str]
 ) -> None:

@@ -176,7 +176,7 @@ async def test_run_python_gets_only_its_environment_isolated_in_root(
 
 PLANT = r"""set -e
 marker() { printf 'import os\nopen("/tmp/pwned-%s", "w").close()\n' "$1"; }
-for dir in / /workspace /root /tmp /root/.local/lib/python3.11/site-packages; do
+for dir in /workspace /root /tmp /root/.local/lib/python3.11/site-packages; do
     mkdir -p "$dir"
     marker sitecustomize > "$dir/sitecustomize.py"
     marker usercustomize > "$dir/usercustomize.py"
@@ -304,12 +304,6 @@ echo "nothing could be moved"
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: the interpreter run_python uses is a read-only bind under /run/sandbox, "
-    "a directory on the writable /run tmpfs; renaming /run/sandbox moves the mount away and "
-    "the agent plants its own program at the interpreter's path",
-)
 async def test_run_python_interpreter_cannot_be_swapped(box: LocalSandbox) -> None:
     executable = (await run(box, "import sys; print(sys.executable)")).stdout.decode().strip()
     swap = await box.exec(f"bash -c {shlex.quote(SWAP)} swap {shlex.quote(executable)}")

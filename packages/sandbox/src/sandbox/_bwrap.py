@@ -13,7 +13,13 @@ reach them (see _stage.py); the binds below then name the staged paths.
 The file tree: host /usr (and its merged-/usr links) and /etc read-only, with shadow files
 masked; a fresh /proc (bubblewrap makes /proc/sys, sysrq-trigger, irq and bus read-only, and
 the kernel-memory files below are masked); a minimal /dev; size-limited tmpfs for the
-workspace, /tmp, /var/tmp, the home and /dev/shm; nothing else of the host.
+workspace, /tmp, /var/tmp, the home, /run and /dev/shm; nothing else of the host.
+
+What the host relies on inside cannot be moved or replaced by a command: the root itself is
+remounted read-only once built (the merged-/usr links, `/lib64` with the dynamic loader every
+program starts through, stay what they are), and our own files (init, our interpreter, a
+read-only copy of the task's repository) live in RUN_SANDBOX, a file system of its own,
+read-only, whose mount point no rename can take away.
 """
 
 from __future__ import annotations
@@ -27,9 +33,14 @@ from sandbox._spec import ResourceLimits
 
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_HOME = "/root"
-INIT_PATH = "/run/sandbox/init.py"
+#: Our own read-only file system inside: init, our interpreter, the task's repository.
+RUN_SANDBOX = "/run/sandbox"
+INIT_PATH = f"{RUN_SANDBOX}/init.py"
 #: Where our interpreter is mounted when it lives outside /usr (a pyenv or uv install).
-PYTHON_MOUNT = "/run/sandbox/python"
+PYTHON_MOUNT = f"{RUN_SANDBOX}/python"
+#: Where a GitWorkspace's source repository is mounted for the host's own use (the capture).
+SOURCE_MOUNT = f"{RUN_SANDBOX}/source"
+_RUN_SANDBOX_BYTES = 1 << 20
 #: Small: /run holds only sockets and pid files of what the agent starts.
 _RUN_BYTES = 64 << 20
 
@@ -116,10 +127,12 @@ def bwrap_argv(
         argv += ["--perms", "1777", *_size(limits.scratch_bytes), "--tmpfs", path]
     argv += [*_size(limits.scratch_bytes), "--tmpfs", SANDBOX_HOME]
     argv += [*_size(_RUN_BYTES), "--tmpfs", "/run"]
+    argv += [*_size(_RUN_SANDBOX_BYTES), "--tmpfs", RUN_SANDBOX]
     argv += [*_size(limits.workspace_bytes), "--tmpfs", SANDBOX_WORKSPACE]
     argv += ["--ro-bind-data", str(fds.init_script), INIT_PATH]
     for bind in binds:
         argv += ["--ro-bind", bind.source, str(bind.target)]
+    argv += ["--remount-ro", RUN_SANDBOX, "--remount-ro", "/"]
     argv += ["--chdir", SANDBOX_WORKSPACE]
     # For init alone (commands get their own environment): our interpreter's shared library
     # may be linked by the absolute path of its host installation.

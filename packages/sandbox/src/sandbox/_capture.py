@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sandbox._errors import SandboxCommandError, SandboxError
+from sandbox._errors import SandboxCommandError, SandboxError, UnsupportedSpecError
 from sandbox._git_diff import GIT_PINNED, diff_flags
 from sandbox._protocol import Sandbox
 from sandbox._workspace import git_common_dir
@@ -106,18 +106,25 @@ async def capture_diff(
     """Capture everything the agent changed in the sandbox's workspace since `base`.
 
     `repository` is the host repository the workspace was checked out from (a GitWorkspace's
-    `repo`); the local backend mounts its git directory read-only inside at the same path.
-    `base` must be a hex commit id, never a ref. Every process of the sandbox is killed
-    first. Raises ChangeTooLargeError when the change is over `limits`, SandboxError when
-    the sandbox or the repository fails.
+    `repo`); inside, the capture lists against the sandbox's read-only copy of it
+    (`Sandbox.base_repository`). `base` must be a hex commit id, never a ref. Every process
+    of the sandbox is killed first. Raises ChangeTooLargeError when the change is over
+    `limits`, UnsupportedSpecError for a sandbox without its repository mounted (E2B, a
+    workspace not from git), SandboxError when the sandbox or the repository fails.
     """
     if not _BASE_RE.match(base):
         raise ValueError(f"base must be a hex commit id, got {base!r}")
+    inside = sandbox.base_repository
+    if inside is None:
+        raise UnsupportedSpecError(
+            "capture_diff needs the task's repository mounted read-only in the sandbox "
+            "(a GitWorkspace on the local backend); this sandbox has none"
+        )
     limits = limits or CaptureLimits()
     git_dir = await asyncio.to_thread(git_common_dir, repository)
     await sandbox.kill_all()
     walker = resources.files("sandbox").joinpath("_capture_walker.py").read_text()
-    args = [sandbox.workspace, str(git_dir), base, str(limits.max_bytes), str(limits.max_files)]
+    args = [sandbox.workspace, inside, base, str(limits.max_bytes), str(limits.max_files)]
     bound = limits.max_bytes + (limits.max_files + 2) * (_HEADER.size + _LENGTH.size) + 4096
     result = await sandbox.run_python(walker, args, timeout=timeout, max_output_bytes=bound)
     if result.timed_out or result.truncated or result.exit_code not in (0, _TOO_LARGE_EXIT):

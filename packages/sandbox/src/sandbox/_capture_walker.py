@@ -4,13 +4,15 @@ This file runs *inside* a sandbox (through `Sandbox.run_python`, on the sandbox'
 interpreter, after `kill_all`), so it imports nothing but the standard library. It trusts
 nothing the agent could have touched:
 
-- git serves only as a lister, with an empty environment, no config but ours, and the task's
-  repository as its git directory: a read-only copy the agent could never write, so the
-  agent's `.git` (config, hooks, attributes, forged objects) or its absence changes nothing;
+- git serves only as a lister, with an empty environment, no config but ours, no index, and
+  the task's repository as its git directory: a read-only copy mounted where the agent can
+  neither write nor move it, so the agent's `.git` (config, hooks, attributes, forged
+  objects) or its absence changes nothing;
 - the workspace is walked without following a single symlink, not even in a parent
   directory, and only regular files are read: a FIFO, a device or a link to /dev/zero is
-  noted, never opened;
-- everything it writes goes to its stdout, bounded by MAX_BYTES of file content.
+  noted, never opened; what the agent made unreadable (it owns every file) is made readable
+  to its owner again rather than taken for gone;
+- everything it writes goes to its stdout, bounded by MAX_BYTES of paths and content.
 
 argv: WORKSPACE GIT_DIR BASE MAX_BYTES MAX_ENTRIES
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import struct
 import subprocess
@@ -61,7 +64,10 @@ _GIT_CONFIG = (
     "core.quotePath=false",
     "core.bare=false",
 )
+_GIT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_NO_INDEX = "/run/sandbox/no-index"  # never exists: a read-only file system
 _GIT_TIMEOUT_S = 600
+_LOCKED_DIR = re.compile(rb"could not open directory '(.*)': Permission denied")
 _CHUNK = 1 << 20
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -93,15 +99,19 @@ class Writer:
         self.out.flush()
 
 
-def git(git_dir: str, work_tree: str, *args: str) -> bytes:
+def git(git_dir: str, work_tree: str, *args: str) -> tuple[bytes, bytes]:
+    """git's stdout and stderr; SystemExit when it fails."""
     argv = ["git", "--git-dir=" + git_dir, "--work-tree=" + work_tree]
     for setting in _GIT_CONFIG:
         argv += ["-c", setting]
     env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PATH": _GIT_PATH,
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_INDEX_FILE": _NO_INDEX,
+        "GIT_NO_LAZY_FETCH": "1",
+        "GIT_NO_REPLACE_OBJECTS": "1",
         "GIT_OPTIONAL_LOCKS": "0",
         "GIT_TERMINAL_PROMPT": "0",
         "HOME": "/nonexistent",
@@ -119,19 +129,19 @@ def git(git_dir: str, work_tree: str, *args: str) -> bytes:
     if done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip()
         raise SystemExit(f"git {args[0]} failed: {message}")
-    return done.stdout
+    return done.stdout, done.stderr
 
 
-def base_tree(git_dir: str, work_tree: str, base: str) -> dict[bytes, tuple[int, bytes]]:
-    """Every path of BASE: (mode, object id)."""
-    listing = git(git_dir, work_tree, "ls-tree", "-r", "-z", "--full-tree", base)
+def base_tree(git_dir: str, root: str, base: str) -> dict[bytes, tuple[int, bytes, int]]:
+    """Every path of BASE: (mode, object id, size; -1 for a submodule)."""
+    listing, _ = git(git_dir, root, "ls-tree", "-r", "-z", "-l", "--full-tree", base)
     tree = {}
     for entry in listing.split(b"\0"):
         if not entry:
             continue
         info, _, path = entry.partition(b"\t")
-        mode, _, oid = info.split(b" ")
-        tree[path] = (int(mode, 8), oid)
+        mode, _, oid, size = info.split()
+        tree[path] = (int(mode, 8), oid, int(size) if size.isdigit() else -1)
     return tree
 
 
@@ -149,6 +159,26 @@ class Workspace:
         self.root = root
         self._real_dirs: dict[bytes, bool] = {b"": True}
 
+    def full(self, path: bytes) -> bytes:
+        return self.root + b"/" + path if path else self.root
+
+    def unlock(self, path: bytes) -> None:
+        """Give the owner back search and read rights on `path` and every directory above it
+        (never through a symlink): the agent owns them, and locking them is no change."""
+        parts = path.split(b"/") if path else []
+        for end in range(len(parts) + 1):
+            target = self.full(b"/".join(parts[:end]))
+            try:
+                mode = os.lstat(target).st_mode
+            except OSError:
+                return
+            if stat.S_ISDIR(mode) and mode & 0o500 != 0o500:
+                os.chmod(target, stat.S_IMODE(mode) | 0o700)
+            elif stat.S_ISREG(mode) and not mode & 0o400:
+                os.chmod(target, stat.S_IMODE(mode) | 0o400)
+            elif not stat.S_ISDIR(mode):
+                return
+
     def _in_real_dirs(self, path: bytes) -> bool:
         """Whether every directory above `path` is a real directory (no symlink, no file)."""
         parents = []
@@ -160,29 +190,44 @@ class Workspace:
         for parent in reversed(parents):  # from the top down
             if real:
                 try:
-                    real = stat.S_ISDIR(os.lstat(self.root + b"/" + parent).st_mode)
-                except OSError:
+                    real = stat.S_ISDIR(os.lstat(self.full(parent)).st_mode)
+                except (FileNotFoundError, NotADirectoryError):
                     real = False
             self._real_dirs[parent] = real
         return real
 
     def lstat(self, path: bytes) -> os.stat_result | None:
         """The path's own status, or None when it, or a directory on its way, is not there
-        as a real directory (gone, or replaced by a symlink or a file). PermissionError when
-        a directory on the way cannot be searched."""
-        if not self._in_real_dirs(path):
-            return None
+        as a real directory (gone, or replaced by a symlink or a file)."""
+        for attempt in (1, 2):
+            try:
+                if not self._in_real_dirs(path):
+                    return None
+                return os.lstat(self.full(path))
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except PermissionError:
+                if attempt == 2:
+                    raise
+                self.unlock(path.rpartition(b"/")[0])
+        return None
+
+    def open(self, path: bytes) -> int:
+        """A descriptor of a regular file (OSError for anything else)."""
         try:
-            return os.lstat(self.root + b"/" + path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            fd = os.open(self.full(path), _OPEN_FLAGS)
+        except PermissionError:
+            self.unlock(path)
+            fd = os.open(self.full(path), _OPEN_FLAGS)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError("not a regular file")
+        return fd
 
     def read(self, path: bytes, limit: int) -> bytes:
-        """A regular file's content (at most limit + 1 bytes); OSError if it cannot be read."""
-        fd = os.open(self.root + b"/" + path, _OPEN_FLAGS)
+        """A regular file's content, at most limit + 1 bytes."""
+        fd = self.open(path)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError("not a regular file")
             chunks = []
             size = 0
             while size <= limit:
@@ -195,56 +240,83 @@ class Workspace:
         finally:
             os.close(fd)
 
+    def object_id(self, path: bytes, size: int, like: bytes) -> bytes:
+        """The git blob id of a regular file, hashed as it is read (never held whole)."""
+        digest = hashlib.sha256() if len(like) == 64 else hashlib.sha1()
+        digest.update(b"blob %d\0" % size)
+        fd = self.open(path)
+        try:
+            while chunk := os.read(fd, _CHUNK):
+                digest.update(chunk)
+        finally:
+            os.close(fd)
+        return digest.hexdigest().encode()
 
-def object_id(data: bytes, like: bytes) -> bytes:
+
+def blob_id(data: bytes, like: bytes) -> bytes:
     digest = hashlib.sha256 if len(like) == 64 else hashlib.sha1
     return digest(b"blob %d\0" % len(data) + data).hexdigest().encode()
 
 
-def snapshot(
-    workspace: Workspace, path: bytes, status: os.stat_result, writer: Writer
-) -> tuple[int, bytes] | None:
-    """(mode, content) of a file or symlink. None, with a note, for anything else (the path
-    holds no file the change could carry) or for a file that cannot be read (left as it was:
-    an unreadable file is never taken for a deleted one)."""
+def file_mode(status: os.stat_result) -> int:
     if stat.S_ISLNK(status.st_mode):
-        return 0o120000, os.readlink(workspace.root + b"/" + path)
-    if not stat.S_ISREG(status.st_mode):
-        writer.record(b"N", path, b"not a regular file or symlink")
-        return None
-    try:
-        data = workspace.read(path, max(writer.data_left, 0))
-    except OSError as error:
-        writer.record(b"N", path, f"unreadable: {error.strerror or error}".encode())
-        return None
-    mode = 0o100755 if status.st_mode & stat.S_IXUSR else 0o100644
-    return mode, data
+        return 0o120000
+    return 0o100755 if status.st_mode & stat.S_IXUSR else 0o100644
+
+
+def changed(
+    workspace: Workspace, path: bytes, status: os.stat_result, base: tuple[int, bytes, int]
+) -> bool:
+    """Whether a file or symlink differs from its BASE entry (mode, id, size)."""
+    mode, oid, size = base
+    if file_mode(status) != mode:
+        return True
+    if stat.S_ISLNK(status.st_mode):
+        return blob_id(os.readlink(workspace.full(path)), oid) != oid
+    if status.st_size != size:
+        return True
+    return workspace.object_id(path, status.st_size, oid) != oid
+
+
+def content(workspace: Workspace, path: bytes, status: os.stat_result, writer: Writer) -> bytes:
+    if stat.S_ISLNK(status.st_mode):
+        return os.readlink(workspace.full(path))
+    return workspace.read(path, max(writer.data_left, 0))
+
+
+def untracked(git_dir: str, root: str, workspace: Workspace) -> list[bytes]:
+    """What `git ls-files --others --exclude-standard` lists, with directories the agent
+    locked unlocked first (git skips what it cannot open)."""
+    for _ in range(64):
+        out, err = git(git_dir, root, "ls-files", "-z", "--others", "--exclude-standard")
+        locked = [match.group(1) for match in _LOCKED_DIR.finditer(err)]
+        if not locked:
+            return sorted(set(out.split(b"\0")) - {b""})
+        for directory in locked:
+            workspace.unlock(directory.rstrip(b"/"))
+    raise SystemExit("directories stay locked after 64 passes")
 
 
 def walk(root: str, git_dir: str, base: str, writer: Writer) -> None:
     workspace = Workspace(os.fsencode(root))
+    workspace.unlock(b"")
     tree = base_tree(git_dir, root, base)
-    for path, (mode, oid) in sorted(tree.items()):
-        if mode == 0o160000:  # a submodule's commit: never the agent's to change here
+    for path, entry in sorted(tree.items()):
+        if entry[0] == 0o160000:  # a submodule's commit: never the agent's to change here
             continue
         try:
             status = workspace.lstat(path)
-        except PermissionError:  # left as it was: never taken for a deletion
-            writer.record(b"N", path, b"unreadable: Permission denied")
-            continue
-        if status is None or stat.S_ISDIR(status.st_mode):  # gone, or now a directory
-            writer.record(b"D", path)
-            continue
-        now = snapshot(workspace, path, status, writer)
-        if now is None:
-            if not stat.S_ISREG(status.st_mode):
+            if status is None or stat.S_ISDIR(status.st_mode):  # gone, or now a directory
                 writer.record(b"D", path)
-            continue
-        new_mode, data = now
-        if new_mode != mode or object_id(data, oid) != oid:
-            writer.record(b"C", path, data, new_mode)
-    others = git(git_dir, root, "ls-files", "-z", "--others", "--exclude-standard")
-    for path in sorted(set(others.split(b"\0")) - {b""}):
+            elif not (stat.S_ISREG(status.st_mode) or stat.S_ISLNK(status.st_mode)):
+                writer.record(b"N", path, b"not a regular file or symlink")
+                writer.record(b"D", path)
+            elif changed(workspace, path, status, entry):
+                data = content(workspace, path, status, writer)
+                writer.record(b"C", path, data, file_mode(status))
+        except OSError as error:
+            writer.record(b"N", path, f"unreadable: {error.strerror or error}".encode())
+    for path in untracked(git_dir, root, workspace):
         if path.endswith(b"/"):
             writer.record(b"N", path.rstrip(b"/"), b"a nested git repository")
             continue
@@ -252,14 +324,16 @@ def walk(root: str, git_dir: str, base: str, writer: Writer) -> None:
             continue
         try:
             status = workspace.lstat(path)
-        except PermissionError:
-            writer.record(b"N", path, b"unreadable: Permission denied")
+            if status is None:
+                continue
+            if not (stat.S_ISREG(status.st_mode) or stat.S_ISLNK(status.st_mode)):
+                writer.record(b"N", path, b"not a regular file or symlink")
+                continue
+            data = content(workspace, path, status, writer)
+        except OSError as error:
+            writer.record(b"N", path, f"unreadable: {error.strerror or error}".encode())
             continue
-        if status is None:
-            continue
-        now = snapshot(workspace, path, status, writer)
-        if now is not None:
-            writer.record(b"C", path, now[1], now[0])
+        writer.record(b"C", path, data, file_mode(status))
 
 
 def main() -> int:

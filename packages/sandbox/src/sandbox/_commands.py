@@ -139,6 +139,11 @@ class CommandSandbox(ABC):
     def isolated(self) -> bool:
         """False for plain host processes (isolation="none")."""
 
+    @property
+    @abstractmethod
+    def base_repository(self) -> str | None:
+        """The read-only git directory the workspace came from, as seen inside (see Sandbox)."""
+
     @abstractmethod
     def _python(self) -> tuple[str, Mapping[str, str]]:
         """The interpreter `run_python` uses inside (one the sandbox cannot have replaced) and

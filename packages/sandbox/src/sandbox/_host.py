@@ -60,12 +60,14 @@ class HostSandbox(CommandSandbox):
         prlimit: str | None,
         limits: ResourceLimits,
         endpoint_url: str | None,
+        base_repository: str | None = None,
     ) -> None:
         super().__init__(
             state_dir=state_dir, workspace=str(workspace), env=env, keep_state=keep_state
         )
         self._prefix = prlimit_prefix(prlimit, limits)
         self._endpoint_url = endpoint_url
+        self._base_repository = base_repository
 
     @property
     def endpoint_url(self) -> str | None:
@@ -74,6 +76,11 @@ class HostSandbox(CommandSandbox):
     @property
     def isolated(self) -> bool:
         return False
+
+    @property
+    def base_repository(self) -> str | None:
+        """The source's own git directory: nothing here is out of a command's reach."""
+        return self._base_repository
 
     async def _launch(
         self,

@@ -35,8 +35,10 @@ from typing import Literal, TypeVar
 from sandbox import _owner
 from sandbox._bwrap import (
     PYTHON_MOUNT,
+    RUN_SANDBOX,
     SANDBOX_HOME,
     SANDBOX_WORKSPACE,
+    SOURCE_MOUNT,
     Bind,
     BootFds,
     bwrap_argv,
@@ -66,7 +68,7 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_SEED_PATH = "/run/sandbox/seed"
+_SEED_PATH = f"{RUN_SANDBOX}/seed"
 _STATE_PREFIX = "sandbox-"
 _BWRAP_EXIT_S = 5.0
 _KILL_ALL_S = 10.0
@@ -181,6 +183,9 @@ class LocalBackend:
             workspace = state / "workspace"
             home = state / "home"
             await asyncio.to_thread(_materialize_on_host, spec, workspace, home)
+            base = None
+            if isinstance(spec.workspace, GitWorkspace):
+                base = str(await asyncio.to_thread(git_common_dir, spec.workspace.repo))
             prlimit = shutil.which("prlimit")
             if prlimit is None:
                 raise SandboxUnavailableError("resource limits need prlimit (util-linux)")
@@ -195,6 +200,7 @@ class LocalBackend:
                 prlimit=prlimit,
                 limits=spec.limits,
                 endpoint_url=endpoint,
+                base_repository=base,
             )
         except BaseException:
             await asyncio.to_thread(remove_tree, state)
@@ -211,12 +217,14 @@ class LocalSandbox(CommandSandbox):
         env: Mapping[str, str],
         keep_state: bool,
         python: tuple[str, Mapping[str, str]],
+        base_repository: str | None,
     ) -> None:
         super().__init__(
             state_dir=boot.state_dir, workspace=SANDBOX_WORKSPACE, env=env, keep_state=keep_state
         )
         self._boot = boot
         self._python_inside = python
+        self._base_repository = base_repository
         self._relay: HostRelay | None = None
         self._endpoint_url: str | None = None
 
@@ -247,6 +255,10 @@ class LocalSandbox(CommandSandbox):
     ) -> Launched:
         pid = await self._boot.channel.spawn(argv, env, cwd, stdio)
         return _InitProcess(self._boot.channel, pid)
+
+    @property
+    def base_repository(self) -> str | None:
+        return self._base_repository
 
     def _python(self) -> tuple[str, Mapping[str, str]]:
         return self._python_inside
@@ -465,6 +477,7 @@ class _Boot:
             env=env,
             keep_state=self.config.keep_state,
             python=self.prepared.script_python,
+            base_repository=SOURCE_MOUNT if commit is not None else None,
         )
         try:
             await self._populate(sandbox, commit)
@@ -506,7 +519,9 @@ class _Boot:
             sources.append((source.source, PurePosixPath(_SEED_PATH)))
         elif isinstance(source, GitWorkspace):
             common = self._git_common_dir
+            # At its own path for the checkout's alternates; under RUN_SANDBOX for the host.
             sources.append((common, PurePosixPath(common)))
+            sources.append((common, PurePosixPath(SOURCE_MOUNT)))
         elif not isinstance(source, EmptyWorkspace):
             raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
         if isinstance(source, DirectoryWorkspace) and not source.source.is_dir():

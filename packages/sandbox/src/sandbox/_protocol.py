@@ -58,6 +58,13 @@ class Sandbox(Protocol):
         """False when the backend fell back to running commands directly on the host."""
         ...
 
+    @property
+    def base_repository(self) -> str | None:
+        """Where, inside, the git directory the workspace was checked out from is mounted
+        read-only, out of every command's reach (no write, no rename, no replacement); None
+        when the sandbox has none (a workspace not from git, E2B)."""
+        ...
+
     async def exec(
         self,
         cmd: str,

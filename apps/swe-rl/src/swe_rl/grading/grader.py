@@ -88,7 +88,7 @@ while left > 0:
 _LIST_BASE = """
 import subprocess, sys
 done = subprocess.run(
-    ["git", "-c", "safe.directory=*", "ls-tree", "-r", "-z", "--name-only", "HEAD"],
+    ["git", "-c", "safe.directory=*", "ls-tree", "-r", "-z", "HEAD"],
     cwd=sys.argv[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 sys.stdout.buffer.write(done.stdout)
 sys.stderr.buffer.write(done.stderr)
@@ -194,7 +194,12 @@ class _Grading:
         await self._setup(box)
         test_patch = self.task.grading.test_patch.encode()
         test_sections = await self._apply_test_patch(box, test_patch)
-        base_paths = await self._base_paths(box) | {s.path for s in test_sections}
+        base = await self._base(box)
+        for section in test_sections:
+            if section.deleted:
+                base.pop(section.path, None)
+            else:
+                base[section.path] = section.mode or base.get(section.path, 0o100644)
         paths = runners.Paths(box.workspace, f"/tmp/grading-{uuid.uuid4().hex}")
         runner = self.task.grading.runner
         config = await self._pytest_config(box, paths) if isinstance(runner, PytestRunner) else None
@@ -204,7 +209,7 @@ class _Grading:
             test_files=frozenset(p.encode() for p in runners.test_files(runner, self.wanted)),
             config_files=frozenset([config.encode()] if config and config[0] != "/" else []),
         )
-        refused = rules.refused(sections, base_paths)
+        refused = rules.refused(sections, base)
         self.refused = {display(path): why for path, why in sorted(refused.items())}
         for path, why in self.refused.items():
             self.log.note(f"not applied: {path} ({why})")
@@ -254,11 +259,17 @@ class _Grading:
             raise GradingError(f"the task's test patch does not apply: {error}") from error
         return sections
 
-    async def _base_paths(self, box: Sandbox) -> set[bytes]:
+    async def _base(self, box: Sandbox) -> dict[bytes, int]:
+        """Each path of the base commit and its git mode."""
         listed = await box.run_python(_LIST_BASE, [box.workspace], timeout=300)
         if not listed.ok:
             raise GradingError(f"listing the base commit failed: {listed.stderr.strip()}")
-        return {path for path in listed.stdout.split(b"\0") if path}
+        base = {}
+        for entry in listed.stdout.split(b"\0"):
+            info, _, path = entry.partition(b"\t")
+            if path:
+                base[path] = int(info.split(b" ", 1)[0], 8)
+        return base
 
     async def _pytest_config(self, box: Sandbox, paths: runners.Paths) -> str | None:
         """The file pytest takes its configuration from: the task's own (written later, at a

@@ -39,7 +39,8 @@ class FileSection:
     path: bytes
     """The path the section writes: the new name of a rename or copy, the deleted path."""
     renamed_from: bytes | None
-    """A renamed file's old name, which the section removes (a copy keeps its source)."""
+    """A renamed file's old name, which the section removes. A section whose `---` and `+++`
+    name different files is a rename to git, rename lines or not."""
     added: bool
     """`path` did not exist before (a new file, or the target of a rename or copy)."""
     deleted: bool
@@ -47,6 +48,8 @@ class FileSection:
     """The mode `path` has afterwards (None: deleted, or unchanged and unsaid)."""
     symlink_target: bytes | None
     """What a symlink written by this section points to."""
+    copied_from: bytes | None = None
+    """A copied file's source, which the section keeps."""
 
     @property
     def paths(self) -> tuple[bytes, ...]:
@@ -123,7 +126,7 @@ def _header_lines(section: bytes) -> list[bytes]:
 
 def _section(text: bytes) -> FileSection:
     header = _header_lines(text)
-    old = new = renamed_from = None
+    old = new = renamed_from = copied_from = None
     added = deleted = False
     mode: int | None = None
     for line in header:
@@ -133,6 +136,8 @@ def _section(text: bytes) -> FileSection:
             new = _strip(_unquote(line[4:].rstrip(b"\t")), b"b/")
         elif line.startswith(b"rename from "):
             renamed_from = _unquote(line[12:])
+        elif line.startswith(b"copy from "):
+            copied_from = _unquote(line[10:])
         elif line.startswith((b"rename to ", b"copy to ")):
             new = _unquote(line.split(b" ", 2)[2])
             added = True  # the target of a rename or copy is a new path
@@ -147,6 +152,8 @@ def _section(text: bytes) -> FileSection:
             mode = _mode(line.rsplit(b" ", 1)[1])
     if old is None and new is None:  # binary or mode-only: only the header names the file
         old = new = _header_path(text.split(b"\n", 1)[0][len(_HEADER) :])
+    if old is not None and new is not None and old != new and not deleted and not added:
+        renamed_from, added = old, True  # git applies differing names as a rename
     path = old if deleted else new
     if path is None or path == b"/dev/null":
         raise PatchError(f"a patch section names no file: {text[:200]!r}")
@@ -155,6 +162,7 @@ def _section(text: bytes) -> FileSection:
         text=text,
         path=path,
         renamed_from=renamed_from,
+        copied_from=copied_from,
         added=added,
         deleted=deleted,
         mode=None if deleted else mode,
@@ -176,14 +184,13 @@ def _mode(raw: bytes) -> int | None:
 
 
 def _symlink_target(text: bytes) -> bytes | None:
-    """The `+` line of a symlink's hunk (a link's content is its target, no newline)."""
+    """The added lines of a symlink's hunk: a link's content is its target (which may hold a
+    newline, so every added line counts)."""
     hunk = text.find(b"\n@@")
     if hunk < 0:
         return None
-    for line in text[hunk + 1 :].split(b"\n", 8)[1:8]:
-        if line.startswith(b"+"):
-            return line[1:]
-    return None
+    added = [line[1:] for line in text[hunk + 1 :].split(b"\n")[1:] if line.startswith(b"+")]
+    return b"\n".join(added) if added else None
 
 
 def _header_path(rest: bytes) -> bytes:

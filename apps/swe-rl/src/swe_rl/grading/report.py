@@ -72,8 +72,12 @@ def parse_junit_report(data: bytes) -> TestReport:
     """A JUnit XML report (a task's own command). A case's id is its pytest node id when the
     report names its file (`file` attribute), else `classname.name`."""
     _check_size(data)
-    head = data[:4096].lower()
-    if b"<!doctype" in head or b"<!entity" in data.lower():
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReportError("report is not UTF-8") from None
+    folded = text.lower()
+    if "<!doctype" in folded or "<!entity" in folded:
         raise ReportError("report declares a DTD or entities")
     try:
         root = ElementTree.fromstring(data)

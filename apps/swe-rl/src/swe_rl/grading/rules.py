@@ -18,16 +18,17 @@ change can do that makes failing code pass is refused, file by file, with the re
 - **shadowing**: a new module or package, in a directory that is not a regular package (so
   the directory may be on the import path), named like a module of the standard library,
   the runner, its plugin system or a plugin the task loads;
-- **symlinks leaving the repository**, or into `.git`.
+- **symlinks that may lead out**: a target that is absolute, climbs with `..`, enters `.git`
+  or spans lines, and a symlink of the base moved or copied elsewhere (where its target
+  means something else).
 
 The rules are deliberately broad: an honest fix to a SWE task changes the code under test.
 """
 
 from __future__ import annotations
 
-import posixpath
 import sys
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from swe_rl.grading.patch_files import SYMLINK_MODE, FileSection
@@ -43,9 +44,12 @@ RUNNER_CONFIG = frozenset(
         b"tox.ini",
         b"setup.cfg",
         b"pyproject.toml",
+        b"tox.toml",
         b"noxfile.py",
         b".coveragerc",
         b"Makefile",
+        b"makefile",
+        b"GNUmakefile",
     }
 )
 START_UP_MODULES = frozenset({"sitecustomize", "usercustomize"})
@@ -100,32 +104,34 @@ class ChangeRules:
     plugins: frozenset[str] = field(default_factory=frozenset)
 
     def refused(
-        self, sections: Iterable[FileSection], base_paths: Collection[bytes]
+        self, sections: Iterable[FileSection], base: Mapping[bytes, int]
     ) -> dict[bytes, str]:
-        """Every path of a refused section, with the reason its section is refused."""
+        """Every path of a refused section, with the reason its section is refused. `base`
+        maps each path of the base (test patch applied) to its git mode."""
         sections = list(sections)
-        packages = _package_dirs(base_paths, sections)
+        reasons = {id(s): self._reason(s, base) for s in sections}
+        applied = [s for s in sections if reasons[id(s)] is None]
+        packages = _package_dirs(base, applied)
         refused: dict[bytes, str] = {}
         for section in sections:
-            reason = self.reason(section, packages)
+            reason = reasons[id(section)] or self._shadowed(section, packages)
             if reason is not None:
                 for path in section.paths:
                     refused[path] = reason
         return refused
 
-    def reason(self, section: FileSection, packages: Collection[bytes]) -> str | None:
-        """Why `section` may not be applied, or None if it may."""
+    def _reason(self, section: FileSection, base: Mapping[bytes, int]) -> str | None:
+        """Why `section` may not be applied, shadowing aside (it needs the packages)."""
         for path in section.paths:
             reason = self._path_reason(path)
             if reason is not None:
                 return reason
-        if section.added and not section.deleted:
-            shadowed = self._shadowed(section.path, packages)
-            if shadowed is not None:
-                return shadowed
+        moved = section.renamed_from or section.copied_from
+        if moved is not None and base.get(moved) == SYMLINK_MODE:
+            return "a symlink of the base moved or copied elsewhere"
         target = section.symlink_target
         if section.mode == SYMLINK_MODE and target is not None:
-            return _symlink_reason(section.path, target)
+            return _symlink_reason(target)
         return None
 
     def _path_reason(self, path: bytes) -> str | None:
@@ -145,7 +151,7 @@ class ChangeRules:
             return "code the test runner loads by itself (conftest.py)"
         if name in RUNNER_CONFIG:
             return "test runner configuration"
-        if name.endswith(b".pth") or _module_name(name) in START_UP_MODULES:
+        if name.endswith(b".pth") or any(_module_name(p) in START_UP_MODULES for p in parts):
             return "an interpreter start-up hook"
         if any(part.endswith(METADATA_SUFFIXES) for part in parts):
             return "package metadata (where entry-point plugins are declared)"
@@ -157,11 +163,13 @@ class ChangeRules:
             return "outside the repository"
         return None
 
-    def _shadowed(self, path: bytes, packages: Collection[bytes]) -> str | None:
-        """Why a new module at `path` would shadow another, or None."""
-        parts = path.split(b"/")
+    def _shadowed(self, section: FileSection, packages: Collection[bytes]) -> str | None:
+        """Why a new module written by `section` would shadow another, or None."""
+        if not section.added or section.deleted:
+            return None
+        parts = section.path.split(b"/")
         if len(parts) >= 2 and parts[-1] == b"__init__.py":  # a new package: its directory
-            directory, module = b"/".join(parts[:-2]), _decoded(parts[-2])
+            directory, module = b"/".join(parts[:-2]), _module_name(parts[-2])
         elif parts[-1].endswith(MODULE_SUFFIXES):
             directory, module = b"/".join(parts[:-1]), _module_name(parts[-1])
         else:
@@ -172,7 +180,7 @@ class ChangeRules:
             return f"would shadow the standard library's {module!r}"
         if module in RUNNER_MODULES:
             return f"would shadow the test runner's {module!r}"
-        if module in self.plugins:
+        if module in {plugin.split(".")[0] for plugin in self.plugins}:
             return f"would shadow the test plugin {module!r}"
         return None
 
@@ -187,14 +195,10 @@ def _module_name(name: bytes) -> str | None:
     return text if text.isidentifier() else None
 
 
-def _decoded(part: bytes) -> str | None:
-    return _module_name(part + b".py")
-
-
-def _package_dirs(base_paths: Collection[bytes], sections: Iterable[FileSection]) -> set[bytes]:
-    """Directories holding an `__init__.py` once the change is applied."""
-    inits = {path for path in base_paths if path.endswith(b"/__init__.py")}
-    for section in sections:
+def _package_dirs(base: Mapping[bytes, int], applied: Iterable[FileSection]) -> set[bytes]:
+    """Directories holding an `__init__.py` once the applied sections are in."""
+    inits = {path for path in base if path.endswith(b"/__init__.py")}
+    for section in applied:
         if section.path.endswith(b"/__init__.py"):
             if section.deleted:
                 inits.discard(section.path)
@@ -205,10 +209,11 @@ def _package_dirs(base_paths: Collection[bytes], sections: Iterable[FileSection]
     return {path[: -len(b"/__init__.py")] for path in inits}
 
 
-def _symlink_reason(link: bytes, target: bytes) -> str | None:
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
-    parts = resolved.split(b"/")
-    if target.startswith(b"/") or parts[0] == b"..":
+def _symlink_reason(target: bytes) -> str | None:
+    """A target is judged as written, never resolved: `..` anywhere could climb out through
+    another link, so only plain paths down from the link's directory are kept."""
+    parts = target.split(b"/")
+    if target.startswith(b"/") or b".." in parts or b"\n" in target:
         return "a symlink pointing outside the repository"
     if any(part.lower() == b".git" for part in parts):
         return "a symlink pointing into .git"
