@@ -79,8 +79,6 @@ def test_rows_that_cannot_be_graded_are_skipped_with_a_reason() -> None:
         (5, "x-4"),
     ]
     reasons = [reason for _, _, reason in converted.skipped]
-    assert (
-        reasons[0] == "repo: django/django runs its own test runner, not pytest"
-    )
+    assert reasons[0] == "repo: django/django runs its own test runner, not pytest"
     assert reasons[1] == "FAIL_TO_PASS: is not a JSON list of test ids"
     assert reasons[2].startswith("base_commit: must be a hexadecimal commit id")
