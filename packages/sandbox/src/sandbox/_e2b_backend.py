@@ -17,7 +17,13 @@ becomes 128 + signal number, as a shell would report it.
 Nothing is left running when `create` or `close` ends, also when either is cancelled: a boot
 abandoned while E2B may still be creating its sandbox is reaped through its idempotency key,
 and the kill of `close` finishes in its own task before the cancellation is passed on.
-docs/e2b.md says what E2B isolates and what this backend adds.
+
+`kill_all` SIGKILLs what envd lists through envd's own API (List, SendSignal), then sweeps the
+VM as root for every process carrying the sandbox's `E2B_SANDBOX_ID` or descending from one,
+until envd lists nothing and the sweep finds nothing. `run_python` runs the caller's script
+as `env -i PATH=... LC_ALL=C.UTF-8 python3 -I -S -c SCRIPT`, its stdin and stdout passing
+through temporary files so that bytes stay bytes. docs/e2b.md says what E2B isolates, what this
+backend adds, and what neither reaches.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -50,7 +56,7 @@ from sandbox._errors import (
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox._result import KILLED_EXIT_CODE, ExecResult
+from sandbox._result import KILLED_EXIT_CODE, ExecResult, ScriptResult
 from sandbox._retry import RetryPolicy
 from sandbox._spec import (
     DirectoryWorkspace,
@@ -73,6 +79,7 @@ _ALL_TRAFFIC = "0.0.0.0/0"
 _MIN_POLL_DELAY = 0.05
 
 _SIGNAL_EXIT = re.compile(r"^signal: (.+)$")
+_SIZE = re.compile(r"^size=(\d+)$", re.MULTILINE)
 # Go's names for signals (os.Signal.String()) as envd reports them.
 _GO_SIGNAL_NAMES = {
     "killed": signal.SIGKILL,
@@ -84,6 +91,58 @@ _GO_SIGNAL_NAMES = {
     "broken pipe": signal.SIGPIPE,
     "quit": signal.SIGQUIT,
 }
+
+#: HOME of the commands the backend runs for itself: a directory that does not exist, so their
+#: login shell reads /etc/profile (the template's) but none of the user's own rc files
+#: (~/.bash_profile, ~/.bash_login, ~/.profile), which the sandbox's commands can rewrite.
+_NO_HOME = "/nonexistent"
+#: The whole environment of a `run_python` script, PATH being where `python3` is looked up.
+_SCRIPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+_SCRIPT_STDERR_BYTES = 64 << 10
+#: Who runs the sweep of `kill_all`: root can read every process's environment and kill it.
+_SWEEP_USER = "root"
+_SWEEP_NO_MARKER = 3
+_SWEEP_SURVIVORS = 1
+# The sweep of `kill_all`, run by `bash -l -c` (builtins only, so it forks nothing of its own):
+# SIGKILL every process whose environment holds this sandbox's E2B_SANDBOX_ID (envd gives it
+# to every command; the sweep takes the value envd gave the sweep itself) or that descends
+# from such a process, but not the sweep itself, until a scan of /proc finds none; past
+# @LIMIT@ seconds it prints the survivors and exits 1. Zombies are dead and are skipped.
+_SWEEP_SCRIPT = r"""
+[ -n "${E2B_SANDBOX_ID-}" ] || { echo "envd gave no E2B_SANDBOX_ID" >&2; exit 3; }
+marker="E2B_SANDBOX_ID=$E2B_SANDBOX_ID"
+self=$$
+deadline=$((SECONDS + @LIMIT@))
+while :; do
+  unset parent member
+  declare -A parent=() member=()
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
+    [ "$pid" = "$self" ] && continue
+    { read -r stat < "$dir/stat"; } 2>/dev/null || continue
+    rest=${stat##*) }
+    case ${rest%% *} in Z|X) continue ;; esac
+    rest=${rest#* }
+    parent[$pid]=${rest%% *}
+    while IFS= read -r -d '' entry; do
+      if [ "$entry" = "$marker" ]; then member[$pid]=1; break; fi
+    done 2>/dev/null < "$dir/environ"
+  done
+  grown=1
+  while [ "$grown" = 1 ]; do
+    grown=0
+    for pid in "${!parent[@]}"; do
+      if [ -z "${member[$pid]-}" ] && [ -n "${member[${parent[$pid]}]-}" ]; then
+        member[$pid]=1
+        grown=1
+      fi
+    done
+  done
+  [ "${#member[@]}" = 0 ] && exit 0
+  if [ "$SECONDS" -ge "$deadline" ]; then echo "${!member[@]}"; exit 1; fi
+  kill -KILL "${!member[@]}" 2>/dev/null
+done
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,18 +418,28 @@ def _tar_directory(source: Path) -> bytes:
 
 
 class _OutputSink:
-    """Collects a command's output as the SDK streams it, in memory or into a host file."""
+    """Collects a command's output as the SDK streams it, in memory or into a host file;
+    in memory, at most `limit` bytes (UTF-8) of it when a limit is given."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, limit: int | None = None) -> None:
         self._chunks: list[str] = []
         self._file = path.open("w", encoding="utf-8") if path is not None else None
+        self._room = limit
 
     def __call__(self, chunk: str) -> None:
         if self._file is not None:
             self._file.write(chunk)
             self._file.flush()
-        else:
-            self._chunks.append(chunk)
+            return
+        if self._room is not None:
+            encoded = chunk.encode("utf-8")
+            if len(encoded) > self._room:
+                chunk = encoded[: self._room].decode("utf-8", errors="ignore")
+                encoded = chunk.encode("utf-8")
+            self._room -= len(encoded)
+            if not chunk:
+                return
+        self._chunks.append(chunk)
 
     def text(self, path: Path | None) -> str:
         if path is None:
@@ -492,6 +561,15 @@ class E2BProcess:
         await self._command.kill()
 
 
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """How the backend runs one of its own commands: as which user (envd's default when None),
+    and how much of its stderr it keeps."""
+
+    user: str | None = None
+    stderr_limit: int | None = None
+
+
 class E2BSandbox:
     """A running E2B sandbox. Create it with `E2BBackend.create`."""
 
@@ -530,6 +608,12 @@ class E2BSandbox:
     def isolated(self) -> bool:
         return True
 
+    @property
+    def base_repository(self) -> str | None:
+        """None: E2B cannot mount a host repository read-only inside, so `capture_diff`
+        refuses an E2B sandbox."""
+        return None
+
     async def _prepare_workspace(self, spec: SandboxSpec) -> None:
         q = shlex.quote(self.workspace)
         made = await self.exec(f"mkdir -p -- {q}", cwd="/", timeout=self._config.request_timeout)
@@ -553,15 +637,21 @@ class E2BSandbox:
         cwd: str | None,
         env: Mapping[str, str] | None,
         paths: tuple[Path | None, Path | None],
+        *,
+        own: _Own | None = None,
     ) -> _Command:
         """Start `cmd` inside. A cancelled launch still waits for envd's answer and kills what
-        it started: the command may already be running, and nobody would ever hold its handle."""
+        it started: the command may already be running, and nobody would ever hold its handle.
+
+        Commands the backend runs for itself (`own`) get none of the spec's environment."""
         if self._closed:
             raise SandboxClosedError("sandbox is closed")
-        merged = {**self._env, **(env or {})}
+        merged = {**(self._env if own is None else {}), **(env or {})}
         validate_env(merged)
         directory = self._resolve(cwd) if cwd is not None else self.workspace
-        starting = asyncio.ensure_future(self._start_command(cmd, merged, directory, paths))
+        starting = asyncio.ensure_future(
+            self._start_command(cmd, merged, directory, paths, own or _Own())
+        )
         try:
             return await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -574,8 +664,10 @@ class E2BSandbox:
         envs: dict[str, str],
         directory: str,
         paths: tuple[Path | None, Path | None],
+        own: _Own,
     ) -> _Command:
-        stdout, stderr = _OutputSink(paths[0]), _OutputSink(paths[1])
+        stdout = _OutputSink(paths[0])
+        stderr = _OutputSink(paths[1], own.stderr_limit)
         try:
             handle = await asyncio.wait_for(
                 self._sdk.commands.run(
@@ -588,6 +680,7 @@ class E2BSandbox:
                     timeout=0,
                     request_timeout=self._config.request_timeout,
                     retain_output=False,
+                    user=own.user,
                 ),
                 self._config.request_timeout,
             )
@@ -637,6 +730,181 @@ class E2BSandbox:
             await command.wait(self._config.kill_timeout)
         except Exception as error:
             logger.warning("E2B helper command %r failed: %r", cmd, error)
+
+    async def _exec_own(
+        self, cmd: str, timeout: float | None, own: _Own | None = None
+    ) -> tuple[int, ExecResult]:
+        """Run a command of the backend's own in `/` and wait, as `exec` does (killed at
+        `timeout` or when cancelled), with none of the spec's environment and HOME pointing
+        nowhere, so its login shell reads /etc/profile but no rc file of the user's. Returns
+        the command's pid (as envd lists it) and its result."""
+        command = await self._launch(cmd, "/", {"HOME": _NO_HOME}, (None, None), own=own or _Own())
+        try:
+            return int(command.handle.pid), await command.wait(timeout)
+        except asyncio.CancelledError:
+            await _finish_despite_cancellation(command.kill())
+            raise
+
+    async def kill_all(self) -> None:
+        """Kill every process of the sandbox this backend can find, and keep the sandbox open;
+        raise SandboxCommandError if one is still found after `kill_timeout` seconds.
+
+        Each round SIGKILLs every process envd lists, through envd's SendSignal (which reaches
+        that process only: the SDK's request names no process group), then runs a sweep as root
+        (`bash -l -c`, builtins only) that SIGKILLs every process whose environment holds the
+        sandbox's `E2B_SANDBOX_ID`, or that descends from such a process, until a scan of
+        /proc finds none. envd puts that variable into every command's environment and
+        children inherit it, so the sweep reaches children, detached commands and `setsid` or
+        `nohup` daemons that kept their environment. Rounds repeat until envd lists nothing and
+        the sweep found nothing.
+
+        Not reached: a process that has left envd's process tree (its parents are gone) and
+        whose environment lacks `E2B_SANDBOX_ID` (emptied with `env -i`, reset by `sudo`) is
+        found by neither, is not reported, and runs on until the sandbox is closed. The sweep's
+        login shell reads /etc/profile, the template's file, which an agent that can become
+        root inside (through sudo, say) can rewrite. docs/e2b.md has the details.
+        """
+        if self._closed:
+            raise SandboxClosedError("sandbox is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.kill_timeout
+        while True:
+            await self._kill_listed()
+            remaining = max(deadline - loop.time(), 0.0)
+            sweep = _SWEEP_SCRIPT.replace("@LIMIT@", str(max(1, int(remaining / 2))))
+            sweep_pid, swept = await self._exec_own(sweep, remaining, _Own(user=_SWEEP_USER))
+            if swept.exit_code == _SWEEP_NO_MARKER:
+                raise SandboxCommandError(
+                    f"kill_all cannot tell the sandbox's processes: {swept.stderr.strip()}"
+                )
+            listed = [pid for pid in await self._listed() if pid != sweep_pid]
+            if swept.ok and not listed:
+                return
+            if loop.time() >= deadline:
+                survivors = swept.stdout.strip() if swept.exit_code == _SWEEP_SURVIVORS else ""
+                raise SandboxCommandError(
+                    f"processes survived kill_all for {self._config.kill_timeout}s: envd "
+                    f"lists {listed}; the sweep exited {swept.exit_code} (timed out "
+                    f"{swept.timed_out}) leaving [{survivors}]: {swept.stderr.strip()[-2000:]}"
+                )
+            await asyncio.sleep(_MIN_POLL_DELAY)
+
+    async def _listed(self) -> list[int]:
+        """The pids of the commands envd runs (its List RPC)."""
+        try:
+            processes = await asyncio.wait_for(
+                self._sdk.commands.list(request_timeout=self._config.request_timeout),
+                self._config.request_timeout,
+            )
+        except (self._e2b.SandboxException, TimeoutError) as error:
+            raise SandboxCommandError(f"envd did not list the processes: {error!r}") from error
+        return [int(process.pid) for process in processes]
+
+    async def _kill_listed(self) -> None:
+        """SIGKILL every command envd lists, through its SendSignal RPC. A refusal is only
+        logged: envd keeps listing a command for a moment after its end, and signalling it then
+        fails; whether anything survived is for envd's next listing to say."""
+
+        async def kill(pid: int) -> None:
+            try:
+                await asyncio.wait_for(
+                    self._sdk.commands.kill(pid, request_timeout=self._config.request_timeout),
+                    self._config.request_timeout,
+                )
+            except (self._e2b.SandboxException, TimeoutError) as error:
+                logger.info("E2B SendSignal to pid %d failed: %r", pid, error)
+
+        await asyncio.gather(*(kill(pid) for pid in await self._listed()))
+
+    async def run_python(
+        self,
+        script: str,
+        args: Sequence[str] = (),
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        max_output_bytes: int = 64 << 20,
+    ) -> ScriptResult:
+        """Run `python3 -I -S -c script args...` inside, in `/`, with an environment of PATH
+        (/usr/local/bin:/usr/bin:/bin, where python3 is looked up) and LC_ALL only: envd's
+        variables (`E2B_SANDBOX`, `E2B_SANDBOX_ID`, ...) and the spec's are removed by
+        `env -i`. `stdin` is written to a fresh file under /tmp and redirected in; stdout goes
+        to another, whose size is read first and which is cut to `max_output_bytes` (then
+        `truncated`) before it is downloaded as bytes; stderr is kept up to 64 KiB. Both files
+        are removed afterwards. At `timeout` the script is killed (exit 137, `timed_out`).
+
+        What "an interpreter the sandbox's commands cannot have replaced" means here is only
+        as strong as the template: envd starts every command as `/bin/bash -l -c`, so a login
+        shell of envd's default user reads /etc/profile (HOME points at a directory that does
+        not exist, so no rc file of the user's is read) before `env -i` runs, and
+        /usr/bin/env, python3 and its standard library are the template's files. The template
+        owns them; an agent that can become root inside (through sudo, say) can replace them.
+        """
+        if self._closed:
+            raise SandboxClosedError("sandbox is closed")
+        if max_output_bytes < 0:
+            raise ValueError("max_output_bytes must not be negative")
+        if "\0" in script or any("\0" in arg for arg in args):
+            raise ValueError("a script and its arguments cannot contain NUL bytes")
+        stem = f"/tmp/sandbox-script-{uuid.uuid4().hex}"
+        source = f"{stem}.in" if stdin else "/dev/null"
+        target = f"{stem}.out"
+        argv = [
+            "/usr/bin/env",
+            "-i",
+            *(f"{name}={value}" for name, value in _SCRIPT_ENV.items()),
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            script,
+            *args,
+        ]
+        cmd = f"exec {shlex.join(argv)} <{shlex.quote(source)} >{shlex.quote(target)}"
+        started = time.monotonic()
+        try:
+            if stdin:
+                await self.write_file(source, stdin)
+            _, result = await self._exec_own(cmd, timeout, _Own(stderr_limit=_SCRIPT_STDERR_BYTES))
+            stdout, truncated = await self._read_bounded(target, max_output_bytes)
+        finally:
+            await _finish_despite_cancellation(self._remove_quietly(f"{stem}.in", target))
+        return ScriptResult(
+            exit_code=result.exit_code,
+            stdout=stdout,
+            stderr=result.stderr,
+            timed_out=result.timed_out,
+            duration=time.monotonic() - started,
+            truncated=truncated,
+        )
+
+    async def _read_bounded(self, path: str, limit: int) -> tuple[bytes, bool]:
+        """At most `limit` bytes of a file of ours inside, and whether it held more: its size
+        is read first, and a longer file is cut to `limit` before it is downloaded."""
+        q = shlex.quote(path)
+        _, sized = await self._exec_own(
+            f'[ -e {q} ] || exit 0; size=$(stat -c %s -- {q}) || exit 1; echo "size=$size"; '
+            f'[ "$size" -le {limit} ] || truncate -s {limit} -- {q}',
+            self._config.request_timeout,
+        )
+        found = _SIZE.findall(sized.stdout)
+        if not sized.ok:
+            raise SandboxCommandError(
+                f"could not size the script's output (exit {sized.exit_code}): "
+                f"{sized.stderr.strip()[-2000:]}"
+            )
+        size = int(found[-1]) if found else 0
+        data = await self.read_file(path) if size else b""
+        return data[:limit], size > limit or len(data) > limit
+
+    async def _remove_quietly(self, *paths: str) -> None:
+        """Remove files of ours inside; a failure is only logged."""
+        if self._closed:
+            return
+        try:
+            await self._exec_own(f"rm -f -- {shlex.join(paths)}", self._config.kill_timeout)
+        except Exception as error:
+            logger.warning("E2B could not remove %s: %r", paths, error)
 
     def _resolve(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workspace, path))
