@@ -172,7 +172,7 @@ def loop_callbacks() -> Iterator[list[tuple[float, float]]]:
         finally:
             seen.append((time.perf_counter() - wall, time.thread_time() - cpu))
 
-    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
     try:
         yield seen
     finally:

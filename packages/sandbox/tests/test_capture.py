@@ -34,6 +34,7 @@ from sandbox import (
     SandboxSpec,
     capture_diff,
 )
+from sandbox._bwrap import SANDBOX_HOME
 from sandbox._git_diff import apply_diff
 
 from .conftest import git
@@ -172,20 +173,20 @@ async def test_daemons_left_behind_are_dead_before_the_snapshot(
 # -- the agent's shell and environment ----------------------------------------------------------
 
 HIJACK = r"""set -e
-mkdir -p /root/bin
-printf '#!/bin/sh\necho "$0 $*" >> /tmp/fake-ran\n' > /root/bin/git
-chmod +x /root/bin/git
-cp /root/bin/git /root/bin/python3
-cp /root/bin/git /root/bin/python
-echo 'export PATH=/root/bin:$PATH' > /root/.profile
-cat > /root/.bash_profile <<'EOF'
-. /root/.profile
+mkdir -p $HOME/bin
+printf '#!/bin/sh\necho "$0 $*" >> /tmp/fake-ran\n' > $HOME/bin/git
+chmod +x $HOME/bin/git
+cp $HOME/bin/git $HOME/bin/python3
+cp $HOME/bin/git $HOME/bin/python
+echo 'export PATH=$HOME/bin:$PATH' > $HOME/.profile
+cat > $HOME/.bash_profile <<'EOF'
+. $HOME/.profile
 git() { echo "git() $*" >> /tmp/fake-ran; }
 export -f git
 export GIT_DIR=/nonexistent GIT_WORK_TREE=/ GIT_INDEX_FILE=/tmp/evil-index
 export GIT_CONFIG_PARAMETERS="'core.fsmonitor=echo fsmonitor >> /tmp/fake-ran'"
 EOF
-cp /root/.bash_profile /root/.bashrc
+cp $HOME/.bash_profile $HOME/.bashrc
 """
 
 
@@ -197,7 +198,10 @@ async def test_rc_files_and_a_fake_git_cannot_bend_the_capture(
     async with await backend.create(spec) as box:
         await agent(box, HIJACK)
         bait = await agent(box, f"{HONEST_EDIT}; type -t git; command -v python3; git diff")
-        assert bait.split() == ["function", "/root/bin/python3"]  # the agent's shells are bent
+        assert bait.split() == [
+            "function",
+            f"{SANDBOX_HOME}/bin/python3",
+        ]  # the agent's shells are bent
         for system_dir in ("/etc/profile.d", "/usr/local/bin", "/usr/bin"):
             assert (await box.exec(f"touch {system_dir}/git")).exit_code != 0
         assert await exists(box, "/tmp/fake-ran") == ["/tmp/fake-ran"]
@@ -537,11 +541,11 @@ async def test_an_unchanged_large_tracked_file_is_no_change(
 
 FILL = r"""
 {HONEST_EDIT}
-for dir in /tmp /var/tmp /root /dev/shm /run; do
+for dir in /tmp /var/tmp $HOME /dev/shm /run; do
     head -c 100M /dev/zero > $dir/fill 2> /dev/null
 done
 head -c 100M /dev/zero > ignored.log 2> /dev/null   # .gitignore hides it
-for dir in /tmp /var/tmp /root /dev/shm /run /workspace; do
+for dir in /tmp /var/tmp $HOME /dev/shm /run /workspace; do
     printf 'more than a page %04096d' 0 > $dir/one-more 2> /dev/null && echo "room in $dir"
     rm -f $dir/one-more
 done

@@ -22,6 +22,7 @@ from sandbox import (
     SandboxSpec,
     ScriptResult,
 )
+from sandbox._bwrap import SANDBOX_HOME
 
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process
 
@@ -176,7 +177,7 @@ async def test_run_python_gets_only_its_environment_isolated_in_root(
 
 PLANT = r"""set -e
 marker() { printf 'import os\nopen("/tmp/pwned-%s", "w").close()\n' "$1"; }
-for dir in /workspace /root /tmp /root/.local/lib/python3.11/site-packages; do
+for dir in /workspace $HOME /tmp $HOME/.local/lib/python3.11/site-packages; do
     mkdir -p "$dir"
     marker sitecustomize > "$dir/sitecustomize.py"
     marker usercustomize > "$dir/usercustomize.py"
@@ -184,11 +185,11 @@ for dir in /workspace /root /tmp /root/.local/lib/python3.11/site-packages; do
     marker hashlib > "$dir/hashlib.py"
 done
 echo 'printf x > /tmp/pwned-bashrc' > ~/.bashrc
-echo 'export PATH=/root/bin:$PATH; printf x > /tmp/pwned-profile' > ~/.bash_profile
+echo 'export PATH=$HOME/bin:$PATH; printf x > /tmp/pwned-profile' > ~/.bash_profile
 cp ~/.bash_profile ~/.profile
-mkdir -p /root/bin
-printf '#!/bin/sh\nprintf x > /tmp/pwned-fake-python\n' > /root/bin/python3
-chmod +x /root/bin/python3
+mkdir -p $HOME/bin
+printf '#!/bin/sh\nprintf x > /tmp/pwned-fake-python\n' > $HOME/bin/python3
+chmod +x $HOME/bin/python3
 """
 
 
@@ -196,9 +197,9 @@ async def test_run_python_ignores_what_the_agent_planted(backend: LocalBackend) 
     env = {
         "PYTHONPATH": "/workspace",
         "PYTHONSTARTUP": "/workspace/json.py",
-        "PYTHONUSERBASE": "/root/.local",
-        "BASH_ENV": "/root/.bashrc",
-        "PATH": "/root/bin:/usr/local/bin:/usr/bin:/bin",
+        "PYTHONUSERBASE": f"{SANDBOX_HOME}/.local",
+        "BASH_ENV": f"{SANDBOX_HOME}/.bashrc",
+        "PATH": f"{SANDBOX_HOME}/bin:/usr/local/bin:/usr/bin:/bin",
     }
     async with await backend.create(SandboxSpec(env=env)) as box:
         assert (await box.exec(PLANT)).ok

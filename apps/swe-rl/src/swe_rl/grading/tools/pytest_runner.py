@@ -33,6 +33,7 @@ import sys
 from typing import Any
 
 MARKER = "agent-rl-test-report "
+NO_PYTEST = 70
 _RANK = {"passed": 0, "xpassed": 0, "xfailed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 
@@ -95,7 +96,11 @@ def main() -> int:
     ]
     report = os.fdopen(os.dup(1), "wb")  # os.dup: not inherited by programs the tests run
     os.dup2(2, 1)
-    import pytest
+    try:
+        import pytest  # the task environment's, never ours
+    except ImportError:
+        sys.stderr.write(f"pytest is not installed for {sys.executable}\n")
+        return NO_PYTEST
 
     recorder = Recorder(report)
     code = int(pytest.main(sys.argv[1:], plugins=[recorder]))
