@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,21 +163,35 @@ async def test_symlinks_out_of_the_repository_are_refused(mathlib: Grader, tmp_p
 
 @contextlib.contextmanager
 def loop_callbacks() -> Iterator[list[tuple[float, float]]]:
-    """(wall s, this thread's CPU s) of every event-loop callback run meanwhile."""
+    """(wall s, this thread's CPU s) of every event-loop callback run meanwhile. The CPU leaves
+    out the cyclic garbage collector's passes: a full pass walks the whole test process's heap
+    and lands in whichever callback allocates at the time; it is not that callback's work."""
     original = asyncio.events.Handle._run
     seen: list[tuple[float, float]] = []
+    collecting = [0.0, 0.0]  # thread CPU when the current pass started, total CPU in passes
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if phase == "start":
+            collecting[0] = time.thread_time()
+        else:
+            collecting[1] += time.thread_time() - collecting[0]
 
     def timed(handle: asyncio.events.Handle) -> None:
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall, cpu, in_gc = time.perf_counter(), time.thread_time(), collecting[1]
         try:
             original(handle)
         finally:
-            seen.append((time.perf_counter() - wall, time.thread_time() - cpu))
+            own = time.thread_time() - cpu - (collecting[1] - in_gc)
+            seen.append((time.perf_counter() - wall, own))
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
+    gc.callbacks.append(on_gc)
     try:
         yield seen
     finally:
+        gc.callbacks.remove(on_gc)
         asyncio.events.Handle._run = original  # type: ignore[method-assign]
 
 
@@ -199,7 +215,8 @@ async def test_a_patch_of_megabytes_is_graded_or_refused_without_holding_the_loo
         result = await mathlib.grade(patch)
     assert result.verdict is verdict, result.reason
     # A callback of ours never uses 50 ms of CPU; no callback at all is held half a second.
-    assert max((cpu for _, cpu in callbacks), default=0.0) < 0.05
+    slowest = sorted(callbacks, key=lambda c: c[1])[-3:]
+    assert max((cpu for _, cpu in callbacks), default=0.0) < 0.05, slowest
     assert max((wall for wall, _ in callbacks), default=0.0) < 0.5
     if verdict is Verdict.CHANGE_REFUSED:
         assert f"over the {GradingLimits().max_patch_bytes}-byte limit" in result.reason

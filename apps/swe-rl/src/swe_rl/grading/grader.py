@@ -158,6 +158,31 @@ async def grade(
         return await grading.run(box, sections)
 
 
+def _disagreement(sections: list[FileSection], by_git: list[bytes]) -> str | None:
+    """Why the patch's own headers and git disagree on what it writes, or None (linear; run it
+    off the loop)."""
+    ours = [section.path for section in sections]
+    if ours == by_git:
+        return None
+    extra = sorted(set(by_git) ^ set(ours))[:3] or by_git[:3]
+    return (
+        "the patch does not say plainly which files it changes (git would apply "
+        f"{len(by_git)} paths, its headers name {len(ours)}; e.g. "
+        f"{', '.join(display(p) for p in extra)})"
+    )
+
+
+def _split_by_rules(
+    rules: ChangeRules, sections: list[FileSection], base: Mapping[bytes, int]
+) -> tuple[dict[bytes, str], set[bytes], bytes]:
+    """(refused paths and why, the paths applied, the patch of what is applied): linear in the
+    change; run it off the loop."""
+    refused = rules.refused(sections, base)
+    kept = [s for s in sections if not any(p in refused for p in s.paths)]
+    applied = {path for section in kept for path in section.paths}
+    return refused, applied, join_sections(kept)
+
+
 class _Grading:
     """One grading: the steps of the module docstring, in order."""
 
@@ -180,14 +205,9 @@ class _Grading:
             by_git = await git_apply_paths(patch) if patch.strip() else []
         except PatchError as error:
             return self.refuse(f"the change is not a patch git can read: {error}")
-        ours = [section.path for section in sections]
-        if ours != by_git:
-            extra = sorted(set(by_git) ^ set(ours))[:3] or by_git[:3]
-            return self.refuse(
-                "the patch does not say plainly which files it changes (git would apply "
-                f"{len(by_git)} paths, its headers name {len(ours)}; e.g. "
-                f"{', '.join(display(p) for p in extra)})"
-            )
+        disagreement = await asyncio.to_thread(_disagreement, sections, by_git)
+        if disagreement is not None:
+            return self.refuse(disagreement)
         return sections
 
     async def run(self, box: Sandbox, sections: list[FileSection]) -> GradeResult:
@@ -209,14 +229,12 @@ class _Grading:
             test_files=frozenset(p.encode() for p in runners.test_files(runner, self.wanted)),
             config_files=frozenset([config.encode()] if config and config[0] != "/" else []),
         )
-        refused = rules.refused(sections, base)
+        refused, applied, kept = await asyncio.to_thread(_split_by_rules, rules, sections, base)
         self.refused = {display(path): why for path, why in sorted(refused.items())}
         for path, why in self.refused.items():
             self.log.note(f"not applied: {path} ({why})")
-        kept = [s for s in sections if not any(p in refused for p in s.paths)]
-        applied = {path for section in kept for path in section.paths}
         try:
-            await apply_diff(box, join_sections(kept))
+            await apply_diff(box, kept)
         except (SandboxCommandError, UnsafePatchError) as error:
             self.log.note(f"the agent's patch does not apply: {error}")
             return self.refuse(f"the change does not apply to the base: {error}")
