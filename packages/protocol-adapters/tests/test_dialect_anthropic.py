@@ -178,10 +178,12 @@ def test_claude_code_request_normalizes() -> None:
     assert not messages[4].is_error
     assert messages[6].plain_text.startswith("<system-reminder>The TodoWrite")
     assert [t.name for t in request.prompt.tools] == ["Bash", "Read"]
-    schema = json.loads(request.prompt.tools[0].parameters)
+    # The schema reaches the template as the client sent it: its own key order, compact.
+    sent_schema = claude_code_body()["tools"][0]["input_schema"]
     assert request.prompt.tools[0].parameters == json.dumps(
-        schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        sent_schema, separators=(",", ":"), ensure_ascii=False
     )
+    assert list(json.loads(request.prompt.tools[0].parameters)) == list(sent_schema)
     assert request.sampling.max_tokens == 128000
     assert dict(request.metadata) == {
         "thinking": "adaptive",

@@ -162,7 +162,7 @@ def test_chat_request_normalizes() -> None:
     )
     assert messages[4] == Message("tool", (Text("1 failed"),), tool_call_id="call_0")
     assert request.prompt.tools[0].parameters == (
-        '{"properties":{"cmd":{"type":"string"}},"required":["cmd"],"type":"object"}'
+        '{"type":"object","properties":{"cmd":{"type":"string"}},"required":["cmd"]}'
     )
     sampling = request.sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p) == (4096, 0.6, 0.95)

@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 
 from protocol_adapters._parsing import BuiltinReplyParser
 from protocol_adapters._rendering import ChatTemplate, Renderer, RendererConfig, qwen3_template
-from protocol_adapters._rendering.renderer import ENDS_ON_REPLY, PROMPT_MISMATCH
+from protocol_adapters._rendering.renderer import ENDS_ON_REPLY, OUTPUT_KEPT, PROMPT_MISMATCH
 from protocol_adapters._rendering.template_messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from protocol_adapters._types import AdapterError
@@ -233,7 +233,8 @@ def test_reply_written_unlike_the_template_keeps_engine_tokens_and_is_recorded(
     assert rendered.ids[: len(before)] == before  # the engine's own ids, verbatim
     stats = renderer.stats
     assert (stats.checked, stats.mismatches, stats.kept_outputs) == (2, 0, 1)
-    assert "turn 0's output is kept verbatim" in rendered.notes[PROMPT_MISMATCH]
+    assert "turn 0's output is kept verbatim" in rendered.notes[OUTPUT_KEPT]
+    assert PROMPT_MISMATCH not in rendered.notes  # the model's own output: no renderer fault
 
 
 def test_tool_result_after_tool_result_cannot_bridge_grouping_template(qwen: Vocabulary) -> None:

@@ -29,6 +29,7 @@ from protocol_adapters._rendering import (
 from protocol_adapters._rendering.renderer import (
     FAILED_CHECK,
     FULL_RENDER_MODE,
+    OUTPUT_KEPT,
     PROBE_REFUSED,
     PROMPT_MISMATCH,
     TEMPLATE_CLOCK,
@@ -212,7 +213,10 @@ def test_reasoning_dropped_from_earlier_turns_is_a_stated_deviation(small: Vocab
     *before, (after_user_prompt, after_user) = session.sent[:6]
     assert_exact(ChatSession(session.renderer, small, sent=before), chat)  # reasoning still shown
     assert after_user.ids != reference_ids(small, chat.source, after_user_prompt)
-    assert "output is kept verbatim" in after_user.notes[PROMPT_MISMATCH]
+    assert "output is kept verbatim" in after_user.notes[OUTPUT_KEPT]
+    assert PROMPT_MISMATCH not in after_user.notes
+    assert summarize(session.tree).prompt_mismatches == {}
+    assert sum(summarize(session.tree).outputs_kept.values()) >= 1
     assert isinstance(after_user.prompt, BridgedPrompt)
     assert session.renderer.stats.mismatches == 0
 
@@ -328,7 +332,17 @@ def test_a_mismatch_the_audit_cannot_foresee_is_caught_recorded_and_rendered_in_
     assert second.prompt.reason == FAILED_CHECK
     assert "turn 0's generation prompt" in second.notes[PROMPT_MISMATCH]
     assert renderer.stats.mismatches == 1
-    assert not renderer.proven
+    # That session's option decides nothing for another session: its turns still bridge.
+    other = SessionTree()
+    plain = Prompt((Message.text("user", "hi"),), ())
+    first_other = other.route(plain)
+    opened = renderer.render(first_other)
+    other.record(first_other, opened.prompt, completion, reply)
+    follow = renderer.render(
+        other.route(Prompt((*plain.messages, reply, Message.text("user", "x"))))
+    )
+    assert isinstance(follow.prompt, BridgedPrompt)
+    assert PROMPT_MISMATCH not in follow.notes
 
 
 ARGUMENTS_AS_THEY_COME = (
@@ -386,6 +400,7 @@ def test_every_turn_compares_the_previous_reply_with_the_templates_rendering_of_
     exact = ChatSession(Renderer(small, template("base"), unchecked), small)
     agent_session(exact)
     assert all(PROMPT_MISMATCH not in r.notes for _, r in exact.sent)
+    assert all(OUTPUT_KEPT not in r.notes for _, r in exact.sent)
     assert exact.renderer.stats.kept_outputs == 0
 
     deviating = template("gen-differs", generation=GENERATION_ADDS_EMPTY_THINKING)

@@ -19,6 +19,7 @@ def test_summary_counts_a_busy_session() -> None:
     s.turn(prompt(*after), reply("ok"), full="template drops reasoning")  # re-rendered
     s.turn(prompt(*after), reply("again"))  # retry of turn 1 on the new lineage
     s.turn(prompt(user("title?"), tools=()), reply("T"), meta=TurnMeta(side_request=True))
+    s.turn(prompt(sys, user("cut")), reply("cut off mid"), finish=FinishReason.LENGTH)
     mismatch = TurnMeta(extra={"prompt_mismatch": "turn 0's output is kept verbatim"})
     s.turn(
         prompt(sys, user("other")),
@@ -30,9 +31,9 @@ def test_summary_counts_a_busy_session() -> None:
     lin = check_session(s)
     summary = summarize(s.tree, lin)
     turns = s.tree.turns
-    assert summary.turns == 5
-    assert summary.branches == 5
-    assert summary.samples == len(lin.samples) == 2
+    assert summary.turns == 6
+    assert summary.branches == 6
+    assert summary.samples == len(lin.samples) == 3
     assert summary.generated_tokens == sum(t.output_length for t in turns)
     assert summary.trained_tokens == sum(x.trained_tokens for x in lin.samples)
     assert summary.trained_tokens + sum(summary.excluded_tokens.values()) == (
@@ -49,6 +50,7 @@ def test_summary_counts_a_busy_session() -> None:
     assert (summary.tool_calls, summary.malformed_tool_calls) == (2, 1)
     assert (summary.aborted_turns, summary.rerendered_turns) == (1, 1)
     assert summary.side_requests == 1
+    assert summary.cut_replies == 1  # trained like any turn, and counted
     assert summary.max_prompt_tokens == max(t.prompt_length for t in turns)
     assert summary.prompt_mismatches == {"turn 0's output is kept verbatim": 1}
     as_dict = summary.as_dict()
@@ -72,6 +74,7 @@ def test_summary_counts_a_busy_session() -> None:
         "rerendered_turns",
         "max_prompt_tokens",
         "prompt_mismatches",
+        "cut_replies",
     ]
     assert as_dict["prompt_mismatches"] == {"turn 0's output is kept verbatim": 1}
 

@@ -121,7 +121,8 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A tool offered to the model. ``parameters`` is its JSON schema as canonical JSON text."""
+    """A tool offered to the model. ``parameters`` is its JSON schema as compact JSON text, key
+    order as the client sent it: the chat template prints it as a deployed engine would."""
 
     name: str
     description: str = ""

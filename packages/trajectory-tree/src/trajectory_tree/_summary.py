@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ._linearize import Linearization, linearize
 from ._reasons import FinishReason, LossReason
 from ._tree import SessionTree
-from ._turns import PROMPT_MISMATCH
+from ._turns import OUTPUT_KEPT, PROMPT_MISMATCH, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,14 @@ class SessionSummary:
     prompt_mismatches: dict[str, int]
     """Turns whose prompt the renderer found different from the chat template's own render of
     the same conversation, by the reason it recorded (``TurnMeta.extra["prompt_mismatch"]``)."""
+    outputs_kept: dict[str, int] = field(default_factory=dict)
+    """Turns whose prompt keeps an earlier reply as the engine generated it where the chat
+    template renders it differently (``TurnMeta.extra["output_kept"]``), by reason: expected
+    (the model wrote unlike the template, or the client re-serialized its echo), never a fault
+    of the renderer, and never counted as a prompt mismatch."""
+    cut_replies: int = 0
+    """Turns the engine stopped at a length limit (``max_new_tokens`` or the context), not at
+    the model's own end: trained like any turn, counted so a run sees how often it happens."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -50,6 +59,8 @@ class SessionSummary:
             "rerendered_turns": self.rerendered_turns,
             "max_prompt_tokens": self.max_prompt_tokens,
             "prompt_mismatches": dict(sorted(self.prompt_mismatches.items())),
+            "outputs_kept": dict(sorted(self.outputs_kept.items())),
+            "cut_replies": self.cut_replies,
         }
 
 
@@ -72,10 +83,15 @@ def summarize(tree: SessionTree, linearization: Linearization | None = None) -> 
         tool_calls=sum(len(t.reply.tool_calls) for t in turns),
         malformed_tool_calls=sum(t.meta.malformed_tool_calls for t in turns),
         aborted_turns=sum(1 for t in turns if t.finish_reason is FinishReason.ABORT),
+        cut_replies=sum(1 for t in turns if t.finish_reason is FinishReason.LENGTH),
         side_requests=sum(1 for t in turns if t.meta.side_request),
         rerendered_turns=sum(1 for t in turns if t.rerendered is not None),
         max_prompt_tokens=max((t.prompt_length for t in turns), default=0),
-        prompt_mismatches=dict(
-            Counter(r for t in turns if (r := t.meta.extra.get(PROMPT_MISMATCH)) is not None)
-        ),
+        prompt_mismatches=_noted(turns, PROMPT_MISMATCH),
+        outputs_kept=_noted(turns, OUTPUT_KEPT),
     )
+
+
+def _noted(turns: Sequence[Turn], key: str) -> dict[str, int]:
+    """How many turns carry each reason under ``TurnMeta.extra[key]``."""
+    return dict(Counter(r for t in turns if (r := t.meta.extra.get(key)) is not None))

@@ -36,7 +36,12 @@ class Completion:
 
 
 PROMPT_MISMATCH = "prompt_mismatch"
-"""The ``TurnMeta.extra`` key of a prompt-mismatch reason (written by a renderer)."""
+"""The ``TurnMeta.extra`` key of a prompt-mismatch reason (written by a renderer): the prompt's
+template text differs from the chat template's own render."""
+OUTPUT_KEPT = "output_kept"
+"""The ``TurnMeta.extra`` key of why an earlier reply in this turn's prompt is kept as the
+engine generated it where the chat template would render it differently (the model wrote it
+unlike the template, or the client echoed it re-serialized): expected, not a renderer fault."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +50,10 @@ class TurnMeta:
 
     ``side_request`` marks calls that are not the policy's work (a session title, say): their
     output is kept for audit and never trained. ``agent_id`` tells sub-agents apart. ``extra``
-    holds the rest as strings; its :data:`PROMPT_MISMATCH` entry, the reason a renderer found
-    this turn's prompt different from its chat template's own render, is counted by
-    :func:`~trajectory_tree.summarize`.
+    holds the rest as strings; its :data:`PROMPT_MISMATCH` entry (the reason a renderer found
+    this turn's prompt different from its chat template's own render) and its
+    :data:`OUTPUT_KEPT` entry (an earlier reply kept verbatim where the template renders it
+    differently) are counted by :func:`~trajectory_tree.summarize`.
     """
 
     request_id: str = ""

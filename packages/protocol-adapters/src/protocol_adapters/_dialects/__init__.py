@@ -29,6 +29,7 @@ from protocol_adapters._types import (
     TokenLogprob,
     Usage,
 )
+from trajectory_tree import Message
 
 from . import anthropic, openai_chat, openai_responses
 
@@ -60,6 +61,9 @@ class Dialect:
     stream_encoder: Callable[[NeutralRequest, str], StreamEncoder]
     error_response: Callable[[ErrorKind, str, str | None], tuple[int, dict[str, object]]]
     new_response_id: Callable[[], str]
+    echoed: Callable[[Message], Message] = lambda message: message
+    """A reply as this dialect's clients hold it and echo it back: what the tree records, so
+    the echo routes back onto the reply (the engine's ids are the same either way)."""
 
 
 Logprobs = Sequence[TokenLogprob] | None
@@ -133,6 +137,7 @@ DIALECTS: dict[str, Dialect] = {
         _chat_stream,
         openai_chat.error_response,
         openai_chat.new_response_id,
+        openai_chat.echoed,
     ),
     openai_responses.DIALECT: Dialect(
         openai_responses.DIALECT,

@@ -49,7 +49,6 @@ from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, Tool
 from .json_shape import (
     JsonObject,
     at,
-    canonical_dumps,
     compact_dumps,
     expect_list,
     expect_object,
@@ -276,7 +275,7 @@ def _tool_use(block: JsonObject, path: str) -> ToolCall:
     raw = tool_input.get(RAW_ARGUMENTS_KEY)
     if len(tool_input) == 1 and isinstance(raw, str):
         return ToolCall(call_id, name, raw)
-    return ToolCall(call_id, name, canonical_dumps(tool_input))
+    return ToolCall(call_id, name, compact_dumps(tool_input))  # key order as the client sent it
 
 
 def _tools(raw: object, metadata: dict[str, str]) -> list[ToolSpec]:
@@ -294,7 +293,7 @@ def _tools(raw: object, metadata: dict[str, str]) -> list[ToolSpec]:
             continue
         schema = expect_object(require(tool, "input_schema", path), at(path, "input_schema"))
         description = optional_str(tool, "description", path) or ""
-        specs.append(ToolSpec(name, description, canonical_dumps(schema)))
+        specs.append(ToolSpec(name, description, compact_dumps(schema)))
     if ignored:
         metadata["ignored_tools"] = ",".join(ignored)
     return specs

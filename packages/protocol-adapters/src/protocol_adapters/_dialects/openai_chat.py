@@ -22,6 +22,7 @@ Decisions a reader should know:
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Sequence
@@ -308,6 +309,19 @@ def _usage(usage: Usage) -> dict[str, int]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+
+
+def echoed(message: Message) -> Message:
+    """A reply as a Chat Completions client holds it: one reasoning text, one content text, then
+    the calls. The wire keeps no order between text and calls, so text the model wrote after a
+    call (or whitespace, as Hermes-style templates write) comes back joined with the rest."""
+    reasoning = "".join(r.text for r in message.reasoning)
+    text = "".join(b.text for b in message.content if isinstance(b, Text))
+    blocks: list[Block] = [Reasoning(reasoning)] if reasoning else []
+    if text:
+        blocks.append(Text(text))
+    blocks.extend(message.tool_calls)
+    return dataclasses.replace(message, content=tuple(blocks))
 
 
 def _tool_call_json(call: ToolCall) -> dict[str, object]:

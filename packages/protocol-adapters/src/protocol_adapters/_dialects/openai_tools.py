@@ -16,7 +16,7 @@ from trajectory_tree import ToolSpec
 from .json_shape import (
     JsonObject,
     at,
-    canonical_dumps,
+    compact_dumps,
     expect_list,
     expect_object,
     fail,
@@ -62,7 +62,7 @@ def function_tools(
             ToolSpec(
                 required_str(function, "name", function_path),
                 optional_str(function, "description", function_path) or "",
-                canonical_dumps(parameters),
+                compact_dumps(parameters),
             )
         )
     if ignored:

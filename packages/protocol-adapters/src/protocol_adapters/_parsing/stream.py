@@ -6,7 +6,8 @@ markers of the configured format (``<think>``, ``</think>``, and the call marker
 (``<tool`` ...) and a run of newlines that may turn out to be template whitespace. Newlines
 touching a marker or the ends of the reply are the template's layout (``<think>\\n``,
 ``\\n</think>\\n\\n``, ``\\n<tool_call>``), not content, and are dropped; every other character
-reaches the client. A call block is released when its closing marker arrives (or, for formats
+reaches the client, and so do the newlines before a call marker whose block turns out not to
+be a call. A call block is released when its closing marker arrives (or, for formats
 whose calls run to the end of the reply, at the end); one that does not parse, or is cut off by
 the end of the reply, is released as text and counted in ``malformed``: never dropped.
 
@@ -95,6 +96,7 @@ class ReplyStream:
         # A reply that is a call (Llama's JSON) starts with one, once any reasoning is over.
         self._leading_possible = bool(self._syntax.leading)
         self._opened = ""  # the marker the current call block began with
+        self._gap = ""  # the newlines between the text and that marker (layout, unless malformed)
         self._finished = False
         self._events: list[ReplyEvent] = []
         self.malformed = 0
@@ -122,7 +124,7 @@ class ReplyStream:
                 self._close_call(body, out)
             else:  # cut off inside a call: keep it, as text
                 self.malformed += 1
-                out.append(TextDelta(self._opened + self._buffer))
+                out.append(TextDelta(self._gap + self._opened + self._buffer))
                 self._buffer = ""
         self._events.extend(out)
         return out
@@ -201,6 +203,7 @@ class ReplyStream:
             return
 
     def _switch(self, marker: str) -> None:
+        self._gap = "\n" * self._newlines
         self._newlines = 0  # newlines before a marker are layout
         self._at_start = True
         if marker == THINK_OPEN:
@@ -220,8 +223,11 @@ class ReplyStream:
         if calls is not None:
             out.extend(ToolCallDone(call) for call in calls)
         elif self._opened or looks_like_llama_call(body):
+            # Not a call after all: every character goes back to the client as the model wrote
+            # it, the newlines that would have been the template's layout included.
             self.malformed += 1
-            out.append(TextDelta(self._opened + body + (syntax.close or "")))
+            out.append(TextDelta(self._gap + self._opened + body + (syntax.close or "")))
+            self._at_start = False  # and the newlines after it are the model's too
         else:  # a reply that only looked like a call from its first character: plain text
             self._emit(body, out)
 

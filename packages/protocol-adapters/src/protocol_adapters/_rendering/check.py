@@ -115,6 +115,12 @@ def check_reply(
             f"history ({shown})",
             Place.GENERATION_PROMPT,
         )
+    if route.previous_generated.reply != messages[index]:
+        return Mismatch(
+            f"the client echoed turn {turn}'s reply re-serialized or trimmed ({shown}); the "
+            "engine's ids are kept",
+            Place.OUTPUT,
+        )
     return Mismatch(
         f"turn {turn}'s output is kept verbatim where the template renders its reply "
         f"differently ({shown})",

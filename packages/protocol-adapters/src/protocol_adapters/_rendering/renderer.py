@@ -5,10 +5,11 @@ owed after that output + the new messages rendered after a probe conversation th
 their real predecessor + the generation prompt. Only the new messages are rendered and encoded,
 so the cost of a turn does not grow with the context.
 
-Full path (the exception, always counted): a template whose check failed, a request the bridge
+Full path (the exception, always counted): a turn whose check failed, a request the bridge
 cannot express, or every turn in ``TemplateMode.FULL_RENDER``, is rendered whole and returned as
 a ``FullPrompt`` with its reason; the tree then decides whether the ids still extend the path or
-start a new sample.
+start a new sample. A failed check concerns its own turn only: renderer state shared by all
+sessions (caches, counters) never changes how a turn is rendered.
 
 At construction the template is audited (:mod:`.audit`) and its verdict enforced against the
 configured :class:`TemplateMode`: a template the bridge cannot serve exactly is refused
@@ -76,8 +77,11 @@ TEMPLATE_DEVIATIONS = "template_deviations"
 TEMPLATE_CLOCK = "template_clock"
 """Turn note: the instant a time-dependent template sees for the whole session (ISO 8601)."""
 PROMPT_MISMATCH = "prompt_mismatch"
-"""Turn note: why the check found the bridged prompt different from the template's render
-(the key ``trajectory_tree.summarize`` counts in ``SessionSummary.prompt_mismatches``)."""
+"""Turn note: why the check found the bridged prompt's template text different from the
+template's render (``trajectory_tree.summarize`` counts it in ``prompt_mismatches``)."""
+OUTPUT_KEPT = "output_kept"
+"""Turn note: an earlier reply is kept as the engine generated it where the template renders it
+differently; expected, not a fault (``summarize`` counts it in ``outputs_kept``)."""
 
 
 class PromptTooLong(Exception):
@@ -92,13 +96,12 @@ class PromptTooLong(Exception):
 @dataclass(frozen=True, slots=True)
 class RendererConfig:
     """``check_sample_rate``: fraction of bridged turns verified against a full render (1.0 in
-    tests). ``fallback_after_mismatch``: after the check finds the template's text wrong, render
-    every later turn in full (the template has shown it rewrites history; bridging it would train
-    on unproven tokens). ``mode``: how far the template may be from bridge-exact (see
+    tests); a turn the check finds wrong is rendered in full and says why, and no other turn,
+    of this session or another, is changed by it: what a template may be served as is decided
+    once, at load, by its audit. ``mode``: how far the template may be from bridge-exact (see
     :class:`TemplateMode`); the default serves only templates the bridge reproduces exactly."""
 
     check_sample_rate: float = 0.01
-    fallback_after_mismatch: bool = True
     seed: int | None = None
     context_cache_size: int = 16
     mode: TemplateMode = TemplateMode.EXACT
@@ -146,7 +149,6 @@ class Renderer:
             if self.audit.deviations():
                 self._notes[TEMPLATE_DEVIATIONS] = self.audit.deviations()
         self._stats = StatsRecorder(template.name)
-        self._proven = True
         self._lock = threading.Lock()
         self._random = random.Random(self.config.seed)
         self._contexts: OrderedDict[tuple[object, ...], TemplateContext] = OrderedDict()
@@ -155,11 +157,6 @@ class Renderer:
     @property
     def stats(self) -> BridgeStats:
         return self._stats.snapshot()
-
-    @property
-    def proven(self) -> bool:
-        """False once a check found the template's text wrong (then every turn is full)."""
-        return self._proven
 
     # -- public entry points -----------------------------------------------------------------------
 
@@ -175,8 +172,6 @@ class Renderer:
         now = self._clock(route.tree)
         if self.config.mode is TemplateMode.FULL_RENDER:
             return self._full(prompt, FULL_RENDER_MODE, max_tokens, now)
-        if not self._proven:
-            return self._full(prompt, FAILED_CHECK, max_tokens, now)
         self._refuse_parallel_calls(route)
         try:
             return self._bridge(route, max_tokens, now)
@@ -261,11 +256,10 @@ class Renderer:
     def _failed(
         self, prompt: Prompt, max_tokens: int | None, now: datetime | None, mismatch: Mismatch
     ) -> RenderedPrompt:
-        """The bridge got the template's text wrong: this turn is rendered in full (and, with
-        ``fallback_after_mismatch``, every later one)."""
+        """The bridge got the template's text wrong on this turn: this turn is rendered in full,
+        with the reason in its notes. Nothing else changes: one session's request (an option the
+        audit did not try, say) never decides how another session is rendered."""
         self._stats.checked(mismatch.reason, kept=False)
-        if self.config.fallback_after_mismatch:
-            self._proven = False
         return self._full(prompt, FAILED_CHECK, max_tokens, now, mismatch)
 
     def _full(
@@ -357,7 +351,9 @@ class Renderer:
         if now is not None:
             notes[TEMPLATE_CLOCK] = now.isoformat()
         if mismatch is not None:
-            notes[PROMPT_MISMATCH] = mismatch.reason
+            notes[OUTPUT_KEPT if mismatch.place is Place.OUTPUT else PROMPT_MISMATCH] = (
+                mismatch.reason
+            )
         return notes
 
     def _generation_ids(self, context: TemplateContext, slot: Slot) -> list[int]:

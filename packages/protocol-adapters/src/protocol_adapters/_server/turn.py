@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from protocol_adapters._dialects import DIALECTS
 from protocol_adapters._engine.protocol import Engine
 from protocol_adapters._engine.types import GenerateRequest, SamplingParams, TopLogprobs, new_rid
 from protocol_adapters._parsing.decode import IncrementalDecoder
@@ -250,13 +251,15 @@ class TurnRunner:
     def _record(
         self,
         session: Session,
+        request: NeutralRequest,
         route: Route,
         rendered: RenderedPrompt,
         completion: Completion,
         reply: ParsedReply,
         meta: TurnMeta,
     ) -> Turn:
-        return session.tree.record(route, rendered.prompt, completion, reply.message, meta)
+        message = DIALECTS[request.dialect].echoed(reply.message)
+        return session.tree.record(route, rendered.prompt, completion, message, meta)
 
     def _logprobs(
         self,
@@ -322,14 +325,14 @@ class TurnRunner:
                 reply = parser.parse_ids(result.output_ids, self._vocabulary)
                 meta = _meta(request, headers, engine_request.rid, started, record, reply)
                 aborted = replace(result.to_completion(), finish_reason=FinishReason.ABORT)
-                self._record(session, route, rendered, aborted, reply, meta)
+                self._record(session, request, route, rendered, aborted, reply, meta)
             raise
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
         if result.finish_reason is FinishReason.ABORT:
             if result.output_ids:
-                self._record(session, route, rendered, result.to_completion(), reply, meta)
+                self._record(session, request, route, rendered, result.to_completion(), reply, meta)
             raise _engine_aborted(session, result.abort_message)
-        turn = self._record(session, route, rendered, result.to_completion(), reply, meta)
+        turn = self._record(session, request, route, rendered, result.to_completion(), reply, meta)
         usage = Usage(len(engine_request.input_ids), len(result.output_ids))
         stop = stop_reason(result.finish_reason, reply.message)
         logprobs = self._logprobs(
@@ -368,7 +371,7 @@ class TurnRunner:
                 partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
                 reply = parser.parse_ids(ids, self._vocabulary)
                 meta = _meta(request, headers, engine_request.rid, started, record, reply)
-                self._record(session, route, rendered, partial, reply, meta)
+                self._record(session, request, route, rendered, partial, reply, meta)
 
         session.in_flight.add(engine_request.rid)
         chunks = self._engine.stream(engine_request)
@@ -425,7 +428,7 @@ class TurnRunner:
         reply = reply_stream.reply()
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
         completion = Completion(ids, logprobs, finish, weight_version)
-        turn = self._record(session, route, rendered, completion, reply, meta)
+        turn = self._record(session, request, route, rendered, completion, reply, meta)
         usage = Usage(len(engine_request.input_ids), len(ids))
         yield Finished(TurnOutcome(reply, usage, stop_reason(finish, reply.message), turn))
 

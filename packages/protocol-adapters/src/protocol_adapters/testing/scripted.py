@@ -46,6 +46,9 @@ class ScriptedReply:
     reasoning: str | None = None
     tool_calls: Sequence[tuple[str, Mapping[str, object]]] = ()
     finish: Finish = "stop"
+    after_calls: str = ""
+    """Text the model writes after its tool calls (a space, as Hermes-style models do, or a
+    sentence): what a Chat Completions client cannot echo back in place."""
 
     def __post_init__(self) -> None:
         if self.finish not in ("stop", "length", "abort"):
@@ -67,6 +70,8 @@ def qwen3_pieces(reply: ScriptedReply) -> list[tuple[bool, str]]:
             pieces.append((False, "\n"))
         call = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
         pieces += [(True, TOOL_CALL_OPEN), (False, f"\n{call}\n"), (True, TOOL_CALL_CLOSE)]
+    if reply.after_calls:
+        pieces.append((False, reply.after_calls))
     if reply.finish == "stop":
         pieces.append((True, END_OF_TURN))
     return pieces
