@@ -20,7 +20,12 @@ def test_summary_counts_a_busy_session() -> None:
     s.turn(prompt(*after), reply("again"))  # retry of turn 1 on the new lineage
     s.turn(prompt(user("title?"), tools=()), reply("T"), meta=TurnMeta(side_request=True))
     s.turn(prompt(sys, user("cut")), reply("cut off mid"), finish=FinishReason.LENGTH)
-    mismatch = TurnMeta(extra={"prompt_mismatch": "turn 0's output is kept verbatim"})
+    mismatch = TurnMeta(
+        extra={
+            "prompt_mismatch": "the template's text differs",
+            "output_kept": "turn 0's output is kept verbatim",
+        }
+    )
     s.turn(
         prompt(sys, user("other")),
         reply("x"),
@@ -52,7 +57,8 @@ def test_summary_counts_a_busy_session() -> None:
     assert summary.side_requests == 1
     assert summary.cut_replies == 1  # trained like any turn, and counted
     assert summary.max_prompt_tokens == max(t.prompt_length for t in turns)
-    assert summary.prompt_mismatches == {"turn 0's output is kept verbatim": 1}
+    assert summary.prompt_mismatches == {"the template's text differs": 1}
+    assert summary.outputs_kept == {"turn 0's output is kept verbatim": 1}  # not a fault
     as_dict = summary.as_dict()
     assert as_dict["excluded_tokens"] == {
         "aborted": 2,
@@ -74,9 +80,11 @@ def test_summary_counts_a_busy_session() -> None:
         "rerendered_turns",
         "max_prompt_tokens",
         "prompt_mismatches",
+        "outputs_kept",
         "cut_replies",
     ]
-    assert as_dict["prompt_mismatches"] == {"turn 0's output is kept verbatim": 1}
+    assert as_dict["prompt_mismatches"] == {"the template's text differs": 1}
+    assert as_dict["outputs_kept"] == {"turn 0's output is kept verbatim": 1}
 
 
 def test_summary_counts_what_the_limited_linearization_trains() -> None:

@@ -5,7 +5,8 @@ parser is built. Its gotcha: when a tool call has malformed JSON or names an unk
 detectors return no call *and drop the text*. We keep our guarantee around it: SGLang's result
 is used only when it accounts for every call the built-in parser sees in the reply (parsed or
 malformed); otherwise the built-in parser's result (malformed markup kept as text and counted)
-is returned instead.
+is returned instead. For a format SGLang has no tool-call parser for (``SGLANG_TOOL_PARSERS``), a
+reply with calls is the built-in parser's too.
 
 SGLang's detectors are used on the whole reply at its end: a stream from this backend releases
 its events at :meth:`BufferedReplyStream.finish`, not token by token.
@@ -87,6 +88,9 @@ class SGLangReplyParser:
     def parse_text(self, text: str) -> ParsedReply:
         builtin = self._builtin.parse_text(text)
         expected = len(builtin.message.tool_calls) + builtin.malformed_tool_calls
+        tool_parser = self.config.sglang_tool_parser_name
+        if expected and tool_parser is None:
+            return builtin  # SGLang has no parser for this format: ours reads the calls
         events: list[ReplyEvent] = []
         normal = text
         if self.config.reasoning:
@@ -100,9 +104,7 @@ class SGLangReplyParser:
         calls: list[Any] = []
         rest = normal
         if self._sglang_tools and expected:
-            parser = self._function_call_cls(
-                tools=self._sglang_tools, tool_call_parser=self.config.sglang_tool_parser_name
-            )
+            parser = self._function_call_cls(tools=self._sglang_tools, tool_call_parser=tool_parser)
             rest, calls = parser.parse_non_stream(normal)
         if len(calls) < expected:
             # SGLang dropped a malformed or unknown-tool call together with its text.
