@@ -58,7 +58,7 @@ def as_engine_passes_it(messages: Sequence[dict[str, Any]]) -> list[dict[str, An
     """The raw Chat messages as SGLang's and vLLM's chat endpoints hand them to the template:
     assistant tool-call arguments decoded from their JSON text (key order kept); nothing else
     touched."""
-    out = json.loads(json.dumps(list(messages)))
+    out: list[dict[str, Any]] = json.loads(json.dumps(list(messages)))
     for message in out:
         for call in message.get("tool_calls") or ():
             call["function"]["arguments"] = json.loads(call["function"]["arguments"])
@@ -74,7 +74,8 @@ def reference_ids(vocabulary: Vocabulary, body: dict[str, Any]) -> list[int]:
         add_generation_prompt=True,
         tokenize=True,
         return_dict=False,
-        **SPECIAL,
+        bos_token=SPECIAL["bos_token"],
+        eos_token=SPECIAL["eos_token"],
     )
     return list(ids)
 
@@ -89,7 +90,7 @@ async def test_chat_prompts_equal_the_template_render_of_the_raw_request(
         api = openai.AsyncOpenAI(
             base_url=stack.server.url + "/v1", api_key=session.token, max_retries=0
         )
-        messages: list[dict[str, Any]] = [
+        messages: list[Any] = [
             {"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "What is in the repository?"},
         ]
@@ -97,7 +98,9 @@ async def test_chat_prompts_equal_the_template_render_of_the_raw_request(
         for _ in SCRIPT:
             body = {"model": "policy", "messages": messages, "tools": CHAT_TOOLS}
             bodies.append(json.loads(json.dumps(body)))
-            completion = await api.chat.completions.create(**body, max_tokens=512)
+            completion = await api.chat.completions.create(
+                model="policy", messages=messages, tools=CHAT_TOOLS, max_tokens=512
+            )
             message = completion.choices[0].message
             messages = [*messages, message.model_dump(exclude_none=True)]
             for call in message.tool_calls or ():
