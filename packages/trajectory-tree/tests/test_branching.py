@@ -176,3 +176,32 @@ def test_tools_of_a_turn_are_kept_with_its_context() -> None:
     assert tuple(context.tools) == TOOLS_A
     assert dict(context.options) == {"enable_thinking": "true"}
     assert s.tree.request_messages(turn) == [SYS, TASK]
+
+
+def test_a_fork_sub_agent_never_takes_the_parent_turns_it_copies() -> None:
+    """Claude Code's fork sub-agent (an Agent call without a type) starts from a copy of the
+    parent's history, whose last reply it takes without its text, and finishes first. The
+    parent's earlier turns, on the fork's path too, are still trained in the parent's own
+    sample: a reward per sample credits each agent with its own work, never the fork with the
+    parent's."""
+    s = Session()
+    main = TurnMeta(agent_id=None)
+    first = reply("Reading.", call("m0", "bash", {"cmd": "cat parser.py"}))
+    s.turn(prompt(SYS, TASK), first, meta=main)
+    history = [SYS, TASK, first, tool_result("m0", "def parse(): ...")]
+    delegate = reply("I will delegate.", call("m1", "Agent", {"prompt": "look"}))
+    s.turn(prompt(*history), delegate, meta=main)
+    copied = Message("assistant", delegate.tool_calls)  # the text block left out
+    fork = TurnMeta(agent_id="a0f1")
+    s.turn(prompt(*history, copied, user("Look around.")), reply("Found it."), meta=fork)
+    done = prompt(*history, delegate, tool_result("m1", "Found it."))
+    s.turn(done, reply("Done."), meta=main)
+    lin = check_session(s)
+    by_leaf = {sample.leaf_turn: sample for sample in lin.samples}
+    assert sorted(by_leaf) == [2, 3]
+
+    def trained(leaf: int) -> set[int | None]:
+        return {sp.turn for sp in by_leaf[leaf].spans if sp.reason is LossReason.GENERATED}
+
+    assert trained(3) == {0, 1, 3}  # the main agent's sample: all of its own turns
+    assert trained(2) == {2}  # the fork's: only its own

@@ -1,11 +1,15 @@
 """From a session tree to loss-masked training samples.
 
 One sample per leaf: its tokens are exactly the leaf turn's prompt ids followed by its output ids.
-Every generated span on the way is trained in exactly one sample (the first live leaf that reaches
-it, in turn order) and masked with ``trained_in_other_sample`` everywhere else. Output the trainer
-must not learn from (aborted generations, abandoned retries, side requests, tokens past the length
-limit) is never trained and is listed in :attr:`Linearization.exclusions` with its reason, so the
-token accounting of a session always adds up.
+Every generated span on the way is trained in exactly one sample and masked with
+``trained_in_other_sample`` everywhere else: the sample of the first leaf, in turn order, of the
+same agent as the turn that generated it (a sub-agent that starts from a copy of its parent's
+history, as a fork does, never takes the parent's turns, so a reward per sample credits each
+agent with its own work), or, where no leaf of that agent reaches it, of the first leaf that does.
+Output the trainer must not learn from (aborted generations, abandoned retries, side requests,
+tokens past the length limit) is never trained and is listed in
+:attr:`Linearization.exclusions` with its reason, so the token accounting of a session always
+adds up.
 """
 
 from __future__ import annotations
@@ -151,6 +155,14 @@ def linearize(tree: SessionTree, *, limit: LengthLimit | None = None) -> Lineari
     # branch reaches (a session whose last turn was aborted still trains its earlier turns).
     leaves.sort(key=lambda n: (_turn_id(n) in excluded, _turn_id(n)))
 
+    paths = [leaf.path() for leaf in leaves]
+    # Leaves not yet processed that are of the agent whose turn generated a node, by node.
+    own_agent: dict[int, set[int]] = {}
+    for index, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
+        agent = _agent(leaf)
+        for node in path:
+            if node.turn is not None and node.turn.meta.agent_id == agent:
+                own_agent.setdefault(node.id, set()).add(index)
     claimed: set[int] = set()
     dropped: dict[int, Exclusion] = {}  # by turn: over-length output no kept sample trained yet
     samples: list[Sample] = []
@@ -159,8 +171,8 @@ def linearize(tree: SessionTree, *, limit: LengthLimit | None = None) -> Lineari
         for turn in tree.turns
         if turn.id in excluded and turn.output_length
     ]
-    for leaf in leaves:
-        path = leaf.path()
+    for index, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
+        agent = _agent(leaf)
         owned = [
             n.id
             for n in path
@@ -168,7 +180,10 @@ def linearize(tree: SessionTree, *, limit: LengthLimit | None = None) -> Lineari
             and n.turn.id not in excluded
             and n.id not in claimed
             and n.turn.output_length
+            and (n.turn.meta.agent_id == agent or not own_agent.get(n.id))
         ]
+        for node in path:
+            own_agent.get(node.id, set()).discard(index)
         if not owned:
             continue
         sample = _build(tree, len(samples), path, set(owned), excluded, _turn_id(leaf))
@@ -187,6 +202,11 @@ def linearize(tree: SessionTree, *, limit: LengthLimit | None = None) -> Lineari
         samples.append(sample)
     exclusions.extend(ex for ex in dropped.values() if tree.turns[ex.turn].node not in claimed)
     return Linearization(tuple(samples), tuple(exclusions))
+
+
+def _agent(leaf: Node) -> str | None:
+    assert leaf.turn is not None
+    return leaf.turn.meta.agent_id
 
 
 def _turn_id(node: Node) -> int:
