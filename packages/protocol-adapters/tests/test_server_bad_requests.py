@@ -217,13 +217,18 @@ async def test_prompt_over_context_limit_is_the_error_that_makes_clients_compact
         if dialect == "anthropic":
             match = TOO_LONG.match(message)
             assert match is not None, message
+            # Counting a prompt the session could never serve stops at the limit too, with the
+            # same error: its cost is bounded by the limit, never by the body.
             counted = await raw_request(
                 check.stack,
                 "/v1/messages/count_tokens",
                 json.dumps({k: v for k, v in body.items() if k != "stream"}).encode(),
                 token=check.token,
             )
-            assert int(match[1]) == counted.body["input_tokens"]
+            assert counted.status == 400
+            refused = TOO_LONG.match(counted.body["error"]["message"])
+            assert refused is not None, counted.body
+            assert int(refused[1]) > int(refused[2]) == limit - 2
             # SGLang refuses prompt + max_new_tokens >= context: one generated token needs a
             # prompt of at most context - 2 tokens.
             assert int(match[2]) == limit - 2

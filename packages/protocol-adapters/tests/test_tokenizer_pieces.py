@@ -116,3 +116,27 @@ def test_a_tokenizer_without_qwens_split_is_encoded_in_one_piece(
     other = Vocabulary(tokenizer, "gpt2-split")
     text = "x \n\nfoo bar 12\n" * 20
     assert other.encode_with_offsets(text) == one_encode(other, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXTS | st.text(max_size=500))
+def test_the_lower_bound_never_passes_the_count(qwen_vocabulary: Vocabulary, text: str) -> None:
+    """`at_least` decides a prompt is over its limit without encoding it: it must never claim
+    more tokens than the text really has (combining marks, special tokens, emoji included)."""
+    assert qwen_vocabulary.at_least(text) <= qwen_vocabulary.count(text)
+
+
+def test_a_huge_word_over_the_limit_is_refused_without_encoding_it(
+    qwen_vocabulary: Vocabulary,
+) -> None:
+    """A 20 MB word has no cut point: encoding it would take seconds and gigabytes. When even
+    the lower bound passes the limit, it is refused before the tokenizer sees it: the count in
+    the refusal is that bound, not a count of the word."""
+    word = "a" * 20_000_000
+    bound = qwen_vocabulary.at_least(word)
+    assert bound > 4096
+    with pytest.raises(TooManyTokens) as caught:
+        qwen_vocabulary.count(word, max_tokens=4096)
+    assert caught.value.counted == bound
+    with pytest.raises(TooManyTokens):  # after pieces that fit, the word is still refused
+        qwen_vocabulary.encode("x " * 1_000 + word, max_tokens=4096)

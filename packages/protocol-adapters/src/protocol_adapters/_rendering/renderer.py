@@ -185,12 +185,17 @@ class Renderer:
         :class:`PromptTooLong` once the prompt is known to hold more than ``max_tokens``."""
         return self._full(prompt, reason, max_tokens, None)
 
-    def count_tokens(self, prompt: Prompt) -> int:
+    def count_tokens(self, prompt: Prompt, max_tokens: int | None = None) -> int:
         """Prompt tokens of ``prompt`` rendered in full with the generation prompt (what
-        ``/v1/messages/count_tokens`` answers), counted exactly in bounded memory."""
+        ``/v1/messages/count_tokens`` answers), counted exactly in bounded memory. Raises
+        :class:`PromptTooLong` once more than ``max_tokens`` are known: counting a prompt the
+        adapter could never serve costs no more than the limit."""
         context = self._context(prompt, None)
         text = _refused_as_request_error(context, prompt.messages)
-        return self.vocabulary.count(text)
+        try:
+            return self.vocabulary.count(text, max_tokens=max_tokens)
+        except TooManyTokens as exc:
+            raise PromptTooLong(exc.counted) from None
 
     # -- internals ------------------------------------------------------------------------------
 

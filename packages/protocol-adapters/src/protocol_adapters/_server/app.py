@@ -207,9 +207,9 @@ async def _stream(
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     try:
-        _session(request)
+        session = _session(request)
         neutral = await read_request(request, ANTHROPIC)
-        tokens = await request.app[RUNNER_KEY].count_tokens(neutral)
+        tokens = await request.app[RUNNER_KEY].count_tokens(session, neutral)
         return web.json_response({"input_tokens": tokens})
     except AdapterError as exc:
         return error_json(ANTHROPIC, exc.kind, exc.message, exc.param)

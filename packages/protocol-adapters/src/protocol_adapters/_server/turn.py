@@ -172,10 +172,16 @@ class TurnRunner:
         self._workers = workers
         self._stop_ids = tuple(sorted(vocabulary.stop_ids))
 
-    async def count_tokens(self, request: NeutralRequest) -> int:
-        return await self._workers.run(
-            request.body_bytes, self._renderer.count_tokens, request.prompt
-        )
+    async def count_tokens(self, session: Session, request: NeutralRequest) -> int:
+        """The prompt's tokens; the session's "prompt is too long" error past its limit (the
+        count stops there, so a huge body costs no more than the limit)."""
+        maximum = session.max_prompt_tokens
+        try:
+            return await self._workers.run(
+                request.body_bytes, self._renderer.count_tokens, request.prompt, maximum
+            )
+        except PromptTooLong as exc:
+            raise prompt_too_long(exc.tokens, maximum) from None
 
     async def run(
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]

@@ -41,6 +41,11 @@ characters are ASCII or word characters, where Python's and Unicode's ideas of w
 PIECE_CHARS = 32_768
 """Target size of one counted piece (a piece runs to the first cut after it)."""
 
+NORMALIZED_SHRINK = 4
+"""How far normalizing can shrink text, in UTF-8 bytes, at the most: NFC composes at most three
+bytes into two (a letter and a combining mark into one code point); 4 leaves room to spare. With
+the longest token's byte length it bounds a piece's token count from below without encoding it."""
+
 
 _UNICODE_TO_BYTE = {char: byte for byte, char in byte_to_unicode().items()}
 
@@ -57,7 +62,15 @@ class TooManyTokens(ValueError):
 class Vocabulary:
     """Encode/decode plus the ids that end a turn."""
 
-    __slots__ = ("_added_ids", "_byte_level", "_piecewise", "_stop_ids", "name", "tokenizer")
+    __slots__ = (
+        "_added_ids",
+        "_byte_level",
+        "_longest",
+        "_piecewise",
+        "_stop_ids",
+        "name",
+        "tokenizer",
+    )
 
     def __init__(
         self,
@@ -74,6 +87,7 @@ class Vocabulary:
         self._byte_level = (
             decoder is not None and json.loads(decoder.__getstate__()).get("type") == "ByteLevel"
         )
+        self._longest = 0  # bytes of input the longest token can stand for; found on first use
 
     @classmethod
     def from_file(cls, path: Path, name: str | None = None) -> Vocabulary:
@@ -113,20 +127,42 @@ class Vocabulary:
                 offsets.extend(encoding.offsets)
         return ids, offsets
 
-    def count(self, text: str) -> int:
-        """The number of tokens ``text`` encodes to, holding only one batch of pieces at a time."""
-        return sum(len(encoding) for _, encoding in self._encoded(text, None))
+    def count(self, text: str, *, max_tokens: int | None = None) -> int:
+        """The number of tokens ``text`` encodes to, holding only one batch of pieces at a time;
+        raises :class:`TooManyTokens` as soon as more than ``max_tokens`` are known."""
+        return sum(len(encoding) for _, encoding in self._encoded(text, max_tokens))
+
+    def at_least(self, text: str) -> int:
+        """A lower bound of the tokens ``text`` encodes to, found without encoding it: no token
+        stands for more input than the longest one (normalizing aside, see NORMALIZED_SHRINK)."""
+        if not self._longest:
+            self._longest = self._longest_token_bytes()
+        return len(text.encode("utf-8", "surrogatepass")) // (self._longest * NORMALIZED_SHRINK)
+
+    def _longest_token_bytes(self) -> int:
+        """UTF-8 bytes of the longest token's text (a byte-level token's characters are bytes)."""
+        tokens = self.tokenizer.get_vocab(True)
+        if self._byte_level:
+            return max((len(token) for token in tokens), default=1)
+        return max((len(token.encode("utf-8")) for token in tokens), default=1)
 
     def _encoded(self, text: str, max_tokens: int | None) -> Iterator[tuple[int, Encoding]]:
         """``(start, encoding)`` of each piece of ``text``; raises :class:`TooManyTokens` at the
-        piece that passes ``max_tokens``. A vocabulary whose pre-tokenizer is not Qwen's is
-        encoded in one piece (exact, but not bounded)."""
+        piece that passes ``max_tokens``, or before encoding a piece that must pass it (a 20 MB
+        word, or a whole text a pre-tokenizer other than Qwen's cannot be cut in): the cost of a
+        prompt over the limit is bounded by the limit, never by its size. Text is cut in pieces
+        only where Qwen's pre-tokenizer always splits; any other vocabulary encodes in one piece
+        (exact, bounded only by that check)."""
         if not self._piecewise or len(text) <= PIECE_CHARS:
             pieces: Iterator[tuple[int, str]] = iter(((0, text),))
         else:
             pieces = _pieces(text)
         total = 0
         for start, piece in pieces:
+            if max_tokens is not None and len(piece) > PIECE_CHARS:
+                bound = total + self.at_least(piece)
+                if bound > max_tokens:
+                    raise TooManyTokens(bound)
             (encoding,) = self.tokenizer.encode_batch([piece], add_special_tokens=False)
             total += len(encoding)
             if max_tokens is not None and total > max_tokens:
