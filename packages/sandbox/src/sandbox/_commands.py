@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import os
 import posixpath
-import shutil
-import stat
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -27,6 +25,7 @@ from sandbox._errors import (
     SandboxCommandError,
     SandboxFileNotFoundError,
 )
+from sandbox._private_dirs import remove_tree
 from sandbox._result import (
     ExecResult,
     ScriptResult,
@@ -440,20 +439,3 @@ def _read_bounded(path: Path, limit: int) -> tuple[bytes, bool]:
 
 def _read_pair(io: _IoFiles) -> tuple[bytes, bytes]:
     return io.stdout.read_bytes(), io.stderr.read_bytes()
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a state directory even where the sandbox left unreadable or read-only dirs.
-
-    Directories are made accessible with an explicit stack (nesting depth is the agent's
-    choice, so no recursion), then removed in one rmtree.
-    """
-    if not path.exists():
-        return
-    stack = [str(path)]
-    while stack:
-        directory = stack.pop()
-        os.chmod(directory, stat.S_IMODE(os.lstat(directory).st_mode) | stat.S_IRWXU)
-        with os.scandir(directory) as entries:
-            stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
-    shutil.rmtree(path)

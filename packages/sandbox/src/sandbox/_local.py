@@ -44,7 +44,7 @@ from sandbox._bwrap import (
     bwrap_argv,
 )
 from sandbox._cgroups import CONTROLLERS, CgroupLimits, CgroupSupport, Counters, SandboxCgroup
-from sandbox._commands import CommandSandbox, Launched, remove_tree
+from sandbox._commands import CommandSandbox, Launched
 from sandbox._control import InitChannel
 from sandbox._errors import (
     SandboxBootError,
@@ -53,6 +53,7 @@ from sandbox._errors import (
 )
 from sandbox._forward import HostRelay
 from sandbox._host import HostSandbox
+from sandbox._private_dirs import owned_directory, private_dir, remove_tree
 from sandbox._seccomp import compile_filter
 from sandbox._spec import (
     DirectoryWorkspace,
@@ -100,7 +101,8 @@ class LocalConfig:
     "none" runs plain host processes. "none" is UNSAFE for model-written code: the code runs
     as you, with your files and network. Use it only for commands you wrote yourself.
     state_root: where per-sandbox state directories (command output files) are created;
-    None means the system temporary directory.
+    None means a directory of the calling user's own under /tmp (`agent-rl-sandboxes-<uid>`,
+    mode 0700, refused if another user planted it).
     keep_state: leave the state directory on disk after close, for debugging.
     uids: the host uids sandboxes run as when the caller is root (one per live sandbox).
     use_cgroups: limit each sandbox as a whole with its own cgroups where the host allows;
@@ -771,8 +773,15 @@ def _uid_lock_dir() -> Path:
     return _host_tmp() / "sandbox-uids"
 
 
+def _state_root(config: LocalConfig) -> Path:
+    """Where state directories live: the configured root, or a private one of ours."""
+    if config.state_root is not None:
+        return config.state_root
+    return private_dir(_host_tmp() / f"agent-rl-sandboxes-{os.geteuid()}")
+
+
 def _make_state_dir(config: LocalConfig) -> Path:
-    root = config.state_root or Path(tempfile.gettempdir())
+    root = _state_root(config)
     state = Path(tempfile.mkdtemp(prefix=f"{_STATE_PREFIX}{_owner.owner_tag()}", dir=root))
     (state / "io").mkdir()
     return state
@@ -793,12 +802,13 @@ def _undo(
 
 def _sweep(config: LocalConfig, cgroups: CgroupSupport) -> None:
     """Remove what runs killed before their close left behind (their owner is gone)."""
-    root = config.state_root or Path(tempfile.gettempdir())
+    root = _state_root(config)
     swept = 0
     with contextlib.suppress(OSError):
         for entry in os.scandir(root):
             name = entry.name
-            if name.startswith(_STATE_PREFIX) and entry.is_dir() and _owner.is_stale(name):
+            # Only real directories of ours: a link planted under our prefix is never followed.
+            if name.startswith(_STATE_PREFIX) and owned_directory(entry) and _owner.is_stale(name):
                 remove_tree(Path(entry.path))
                 swept += 1
     swept += cgroups.sweep(_owner.is_stale)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox._errors import SandboxUnavailableError
+from sandbox._private_dirs import private_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,8 @@ class UidLease:
 def lease_uid(uids: UidRange, default_lock_dir: Path) -> UidLease:
     """Take a free uid of the range (blocking file I/O: call it in a worker thread)."""
     lock_dir = uids.lock_dir or default_lock_dir
-    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock_dir.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(lock_dir)  # another user's directory, or a link, would hand them our leases
     start = random.randrange(uids.count)  # spread concurrent callers over the range
     for step in range(uids.count):
         uid = uids.first + (start + step) % uids.count
@@ -78,7 +80,7 @@ def _try_lock(path: Path) -> tuple[Path, int] | None:
     names the file we locked; otherwise we try again on the file there now.
     """
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
