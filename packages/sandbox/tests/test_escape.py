@@ -248,6 +248,9 @@ _PROBED = (
     "setns",
     "fsopen",
     "open_tree",
+    "pidfd_getfd",
+    "process_vm_readv",
+    "process_vm_writev",
 )
 
 
@@ -266,6 +269,26 @@ async def test_the_filter_refuses_each_denied_system_call(box: LocalSandbox) -> 
     outcomes = json.loads(result.stdout)
     for name in numbers:
         assert outcomes[name] == [-1, expected[name]], name
+
+
+STEAL_STDOUT = """
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+number = {"x86_64": 438, "aarch64": 438}[os.uname().machine]
+child = subprocess.Popen(["sleep", "30"])  # a descendant: ptrace rules would let us take it
+pidfd = os.pidfd_open(child.pid)
+fd = libc.syscall(number, pidfd, 1, 0)
+print(fd, ctypes.get_errno())
+child.kill()
+"""
+
+
+async def test_a_command_cannot_take_another_process_descriptors(box: LocalSandbox) -> None:
+    """The agent CLI's stdout is a host file: a tool call that took it (pidfd_getfd) could
+    write to the host without bound. Taking even a child's stdout, which the kernel's ptrace
+    rules alone would allow, is refused."""
+    result = await box.exec(f"python3 -c '{STEAL_STDOUT}'; true")
+    assert result.stdout.split() == ["-1", str(errno.EPERM)], result.stderr
 
 
 async def test_clone_with_a_namespace_flag_is_refused(box: LocalSandbox) -> None:

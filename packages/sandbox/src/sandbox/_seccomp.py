@@ -109,6 +109,12 @@ DENYLIST: tuple[Denied, ...] = (
         errno.EPERM,
         "file handles open files by inode, around the sandbox's mount tree",
     ),
+    Denied(
+        ("pidfd_getfd", "process_vm_readv", "process_vm_writev"),
+        errno.EPERM,
+        "taking another process's descriptors (the agent CLI's stdout, a host output file) or "
+        "memory",
+    ),
     # ENOSYS, not EPERM: callers then fall back to the plain calls, as they do on old kernels.
     # clone3 passes its flags in memory, where a filter cannot see them; clone (filtered on
     # its namespace flags below) is what libc falls back to.
