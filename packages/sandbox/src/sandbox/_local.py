@@ -51,7 +51,7 @@ from sandbox._errors import (
     SandboxUnavailableError,
     UnsupportedSpecError,
 )
-from sandbox._forward import HostRelay
+from sandbox._forward import HostRelay, RelayBudget
 from sandbox._host import HostSandbox
 from sandbox._private_dirs import owned_directory, private_dir, remove_tree
 from sandbox._seccomp import compile_filter
@@ -268,19 +268,39 @@ class LocalSandbox(CommandSandbox):
     async def _kill_all(self) -> int:
         return await self._boot.channel.kill_all(_KILL_ALL_S)
 
-    async def _forward(self, inside_port: int, host: str, port: int) -> None:
+    async def _forward(
+        self,
+        inside_port: int,
+        host: str,
+        port: int,
+        max_connections: int | None,
+        budget: RelayBudget,
+    ) -> None:
         listener = await self._boot.channel.listen(inside_port)
-        self._relay = HostRelay(listener, host, port)
+        self._relay = HostRelay(
+            listener, host, port, max_connections=max_connections, budget=budget
+        )
         await self._relay.start()
         self._endpoint_url = f"http://127.0.0.1:{inside_port}"
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections to the forwarded endpoint closed at once because a cap was reached."""
+        return self._relay.refused if self._relay is not None else 0
+
     def _limits_token(self) -> object:
-        return self._boot.cgroup.counters() if self._boot.cgroup else None
+        counters = self._boot.cgroup.counters() if self._boot.cgroup else None
+        return counters, self.refused_connections
 
     def _limits_hit_since(self, token: object) -> tuple[str, ...]:
-        if not isinstance(token, Counters) or self._boot.cgroup is None:
-            return ()
-        return self._boot.cgroup.counters().hits_since(token)
+        assert isinstance(token, tuple)
+        counters, refused = token
+        hits: tuple[str, ...] = ()
+        if isinstance(counters, Counters) and self._boot.cgroup is not None:
+            hits = self._boot.cgroup.counters().hits_since(counters)
+        if self.refused_connections > refused:
+            hits += ("max_connections",)
+        return hits
 
     async def _shutdown(self) -> None:
         if self._relay is not None:
@@ -326,6 +346,8 @@ class _Prepared:
     """Where root stages bind sources before dropping to the sandbox uid (None: not root)."""
     cgroups: CgroupSupport
     enforcement: Enforcement
+    relays: RelayBudget
+    """Connections all of this backend's forwarded endpoints may relay at once."""
 
     @property
     def python_inside(self) -> str:
@@ -376,6 +398,7 @@ class _Prepared:
             stage=stage_dir(_host_tmp()) if as_root else None,
             cgroups=cgroups,
             enforcement=_enforcement(config, cgroups, as_root),
+            relays=RelayBudget(),
         )
 
 
@@ -485,7 +508,13 @@ class _Boot:
             await self._populate(sandbox, commit)
             if self.spec.network is not None:
                 network = self.spec.network
-                await sandbox._forward(network.inside_port, network.host, network.port)
+                await sandbox._forward(
+                    network.inside_port,
+                    network.host,
+                    network.port,
+                    self.spec.limits.max_connections,
+                    self.prepared.relays,
+                )
         except BaseException:
             await sandbox.close()
             raise

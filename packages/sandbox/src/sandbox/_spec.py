@@ -99,6 +99,9 @@ class ResourceLimits:
     """Open files per process (RLIMIT_NOFILE)."""
     max_file_size_bytes: int | None = None
     """Largest file any process may write (RLIMIT_FSIZE: SIGXFSZ)."""
+    max_connections: int | None = 256
+    """Connections to the forwarded endpoint relayed at once; more are closed at once (each
+    costs the host descriptors)."""
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
