@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run the sandbox package's tests as an unprivileged user, as root runs them in .ci/run.
 #
-# Sandboxes created by a non-root user take another path through the code (bubblewrap runs as
-# the caller, no uid switching, no staging of bind sources), so the escape and limits suites
-# run here a second time. The user gets a cgroup subtree delegated to it, as a cluster admin
-# would do, so per-sandbox limits are real cgroups in this run too; the rlimit fallback is
-# covered by the tests themselves (use_cgroups=False).
+# Sandboxes created by a non-root user take another path through the code: each runs as one of
+# the user's subordinate ids, entered through a user namespace of the user's own (or, with
+# LocalConfig(subordinate_ids=False), as the user itself), so the escape and limits suites run
+# here a second time. The user gets a cgroup subtree delegated to it, as a cluster admin would
+# do, so per-sandbox limits are real cgroups in this run too; the rlimit fallback is covered by
+# the tests themselves (use_cgroups=False).
 #
 # Needs root (to create the user and delegate the cgroups). Usage:
 #   bash tools/ci/sandbox_tests_as_user.sh [pytest args...]
@@ -14,6 +15,11 @@ cd "$(dirname "$0")/../.."
 
 user=sandbox-ci
 id -u "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+# Subordinate ids for the user (useradd grants them on most systems; make sure), so that its
+# sandboxes each run as a uid of their own, as rootless container engines do.
+for file in /etc/subuid /etc/subgid; do
+  grep -q "^$user:" "$file" 2>/dev/null || echo "$user:200000:65536" >> "$file"
+done
 home=$(getent passwd "$user" | cut -d: -f6)
 work="$home/ci"
 
@@ -55,7 +61,7 @@ done
 
 python=/usr/bin/python3
 runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
-  "${passed[@]}" SANDBOX_TEST_CGROUP_PARENT="/$parent" UV_NO_PROGRESS=1 bash -c '
+  "${passed[@]}" SANDBOX_TEST_CGROUP_PARENT="/$parent" SANDBOX_TEST_SUBORDINATE_IDS=1 UV_NO_PROGRESS=1 bash -c '
     set -euo pipefail
     cd ~/ci
     uv venv --quiet --python '"$python"' .venv

@@ -28,6 +28,7 @@ from sandbox import (
     GitWorkspace,
     LocalBackend,
     LocalConfig,
+    ResourceLimits,
     Sandbox,
     SandboxSpec,
 )
@@ -69,8 +70,17 @@ def server_mode() -> str:
 
 
 @pytest.fixture
+def output_cap() -> int | None:
+    return ResourceLimits().max_output_bytes
+
+
+@pytest.fixture
 async def setup(
-    backend: LocalBackend, agent: Agent, tiny_repo: tuple[Path, str], server_mode: str
+    backend: LocalBackend,
+    agent: Agent,
+    tiny_repo: tuple[Path, str],
+    server_mode: str,
+    output_cap: int | None,
 ) -> AsyncIterator[Setup]:
     repo, commit = tiny_repo
     mount = await mount_for(backend, agent.installed)
@@ -80,6 +90,7 @@ async def setup(
             workspace=GitWorkspace(repo, commit),
             network=ForwardedEndpoint("127.0.0.1", server.port),
             read_only_binds=(mount.bind,) if isolated else (),
+            limits=ResourceLimits(max_output_bytes=output_cap),
         )
         async with await backend.create(spec) as box:
             assert box.endpoint_url is not None
@@ -120,6 +131,16 @@ async def test_cli_runs_in_the_sandbox_and_reaches_the_forwarded_endpoint(
     # Nothing we configure is deprecated (Codex reports that as `error` items on stdout).
     assert not [line for line in lines if "deprecated" in line.lower()]
     assert "deprecated" not in run.stderr_path.read_text().lower()
+
+
+@pytest.mark.parametrize("output_cap", [300])
+async def test_an_event_stream_past_the_output_cap_is_cut_and_said_so(
+    agent: Agent, setup: Setup, tmp_path: Path
+) -> None:
+    run = await run_agent(agent, setup, tmp_path, budget=60)
+    assert run.limits_hit == ("max_output_bytes",)
+    assert run.events_path.stat().st_size == 300
+    assert "max_output_bytes" not in (await setup.box.exec("echo small")).limits_hit
 
 
 @pytest.mark.parametrize("server_mode", ["hang"])

@@ -2,7 +2,8 @@
 
 The sandbox tests need bubblewrap (`apt-get install bubblewrap`): without it they fail, naming
 it, rather than pass by testing nothing. CI runs them as root and again as an unprivileged
-user; `SANDBOX_TEST_CGROUP_PARENT` names a cgroup subtree delegated to that user.
+user; `SANDBOX_TEST_CGROUP_PARENT` names a cgroup subtree delegated to that user, and
+`SANDBOX_TEST_SUBORDINATE_IDS=1` says that it has subordinate ids.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from sandbox import LocalBackend, LocalConfig, LocalSandbox, SandboxSpec
 
 #: A cgroup subtree delegated to the (non-root) user running the tests, if any.
 CGROUP_PARENT = os.environ.get("SANDBOX_TEST_CGROUP_PARENT") or None
+#: Set where the (non-root) user running the tests has subordinate ids and newuidmap: tests of
+#: a sandbox's own uid then fail, rather than skip, when it does not get one.
+SUBORDINATE_IDS = os.environ.get("SANDBOX_TEST_SUBORDINATE_IDS") == "1"
 
 
 def local_config(state_root: Path, **overrides: Any) -> LocalConfig:

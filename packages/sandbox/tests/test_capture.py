@@ -594,7 +594,9 @@ async def test_agent_commits_count_as_their_content(
 
 
 @pytest.mark.parametrize(
-    "work", ["printf 'mine\\n' > later.txt", "git reset -q --hard origin/main"]
+    "work",
+    # No ref of the source is mounted, but its objects are: a later commit by its id.
+    ["printf 'mine\\n' > later.txt", "git reset -q --hard {later}"],
 )
 async def test_a_file_the_task_repository_tracks_after_base_is_captured(
     backend: LocalBackend, source_repo: tuple[Path, str], work: str
@@ -602,7 +604,7 @@ async def test_a_file_the_task_repository_tracks_after_base_is_captured(
     repo, base = source_repo
     spec = workspace_of(source_repo)
     async with await backend.create(spec) as box:
-        await agent(box, work)
+        await agent(box, work.format(later=git(repo, "rev-parse", "main")))
         diff = await capture_diff(box, repo, base)
         tree = await tree_of(box)
     assert diff.changed_paths == ("later.txt",)

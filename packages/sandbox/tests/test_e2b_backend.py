@@ -17,6 +17,7 @@ from sandbox import (
     GitWorkspace,
     ResourceLimits,
     SandboxBootError,
+    SandboxCommandError,
     SandboxFileNotFoundError,
     SandboxSpec,
     UnsupportedSpecError,
@@ -116,6 +117,28 @@ async def test_files_round_trip_and_missing_file(box: E2BSandbox) -> None:
     with pytest.raises(SandboxFileNotFoundError) as caught:
         await box.read_file("missing.txt")
     assert isinstance(caught.value, FileNotFoundError)
+
+
+async def test_reads_refuse_what_is_not_a_small_regular_file(box: E2BSandbox) -> None:
+    await box.exec("mkfifo pipe && ln -s /dev/zero zero && head -c 3000 /dev/zero > big")
+    for path in ("pipe", "zero"):
+        with pytest.raises(SandboxCommandError, match="not a regular file"):
+            await asyncio.wait_for(box.read_file(path), 30)
+    with pytest.raises(SandboxCommandError, match="larger than max_bytes"):
+        await box.read_file("big", max_bytes=2999)
+    assert len(await box.read_file("big", max_bytes=3000)) == 3000
+
+
+async def test_output_past_the_cap_is_dropped_and_reported(config: E2BConfig) -> None:
+    spec = SandboxSpec(limits=ResourceLimits(max_output_bytes=1000))
+    async with await E2BBackend(config).create(spec) as sandbox:
+        result = await sandbox.exec("head -c 5000 /dev/zero | tr '\\0' x; echo done >&2")
+        assert result.stdout == "x" * 1000
+        assert result.stderr == "done\n"
+        assert result.limits_hit == ("max_output_bytes",)
+        process = await sandbox.start("head -c 5000 /dev/zero | tr '\\0' y")
+        assert "max_output_bytes" in (await process.wait(30)).limits_hit
+        assert process.stdout_path.read_text() == "y" * 1000
 
 
 async def test_directory_workspace_is_uploaded(config: E2BConfig, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -26,12 +26,14 @@ from sandbox import (
     GitWorkspace,
     LocalBackend,
     LocalSandbox,
+    ReadOnlyBind,
     Sandbox,
     SandboxSpec,
+    UnsupportedSpecError,
 )
 from sandbox._seccomp import DENYLIST
 
-from .conftest import git
+from .conftest import SUBORDINATE_IDS, git, local_config
 from .host_processes import host_uid_of, unique_sleep, until_no_process, wait_for_process
 
 AS_ROOT = os.geteuid() == 0
@@ -71,27 +73,87 @@ async def test_commands_have_no_capabilities_no_new_privileges_and_a_filter(
     ]
 
 
-async def test_processes_run_as_an_unprivileged_host_uid(box: LocalSandbox) -> None:
+async def own_uids(backend: LocalBackend) -> bool:
+    """Whether each sandbox of this backend gets a host uid of its own (root, or subordinate
+    ids); where the tests were told it must, it must."""
+    own = "one uid per sandbox" in (await backend.enforcement()).host_uid
+    if SUBORDINATE_IDS:
+        assert own, (await backend.enforcement()).host_uid
+    return own
+
+
+async def test_processes_run_as_an_unprivileged_host_uid(
+    backend: LocalBackend, box: LocalSandbox
+) -> None:
     marker = unique_sleep()
     await box.exec(f"sleep {marker} > /dev/null 2>&1 &")
     (pid,) = await wait_for_process(marker)
     uid = host_uid_of(pid)
     assert uid != 0
     assert uid == box.host_uid == host_uid_of(box.init_pid)
-    if not AS_ROOT:
-        assert uid == os.geteuid()
+    assert (uid != os.geteuid()) == await own_uids(backend)
     assert (await box.exec("id -u")).stdout == "0\n"  # "root" inside owns nothing outside
 
 
-async def test_each_sandbox_of_root_gets_its_own_uid(backend: LocalBackend) -> None:
-    if not AS_ROOT:
-        pytest.skip("an unprivileged caller can map only its own uid")
+async def test_each_sandbox_gets_its_own_uid(backend: LocalBackend) -> None:
+    if not await own_uids(backend):
+        pytest.skip("a non-root caller without subordinate ids can map only its own uid")
     boxes = await asyncio.gather(*(backend.create(SandboxSpec()) for _ in range(4)))
     try:
         uids = {box.host_uid for box in boxes if isinstance(box, LocalSandbox)}
         assert len(uids) == 4
+        assert os.geteuid() not in uids
     finally:
         await asyncio.gather(*(box.close() for box in boxes))
+
+
+async def test_a_sandbox_cannot_take_a_per_user_kernel_quota_from_its_neighbours(
+    backend: LocalBackend,
+) -> None:
+    # inotify instances are counted per user (fs.inotify.max_user_instances, 128 here): with
+    # one uid for all, one sandbox holding them all broke inotify for its neighbours and the
+    # caller. Root's sandboxes each count for a uid of their own; a non-root caller's are
+    # charged to the caller whatever their uid (it owns their user namespaces), so each may
+    # take only a share.
+    enforcement = await backend.enforcement()
+    if not await own_uids(backend):
+        assert any("quotas" in line for line in enforcement.fallbacks)
+        pytest.skip("all sandboxes run as the caller here, as enforcement() says")
+    hog = (
+        "import ctypes, time\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "held = [fd for fd in iter(lambda: libc.inotify_init(), -1)]\n"
+        "print(len(held), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    probe = "import ctypes; print(ctypes.CDLL(None).inotify_init() >= 0)"
+    async with (
+        await backend.create(SandboxSpec()) as greedy,
+        await backend.create(SandboxSpec()) as neighbour,
+    ):
+        process = await greedy.start(f"python3 -c '{hog}'")
+        for _ in range(300):
+            if process.stdout_path.read_text().strip():
+                break
+            await asyncio.sleep(0.1)
+        taken = int(process.stdout_path.read_text())
+        assert taken > 0
+        if not AS_ROOT:
+            assert any(f"may take {taken} " in line for line in enforcement.fallbacks)
+        assert (await neighbour.exec(f'python3 -c "{probe}"')).stdout == "True\n"
+        fd = ctypes.CDLL(None, use_errno=True).inotify_init()
+        assert fd >= 0, "the caller lost inotify"
+        os.close(fd)
+        await process.kill()
+
+
+async def test_without_subordinate_ids_sandboxes_run_as_the_caller(tmp_path: Path) -> None:
+    backend = LocalBackend(local_config(tmp_path, subordinate_ids=False))
+    async with await backend.create(SandboxSpec()) as box:
+        assert isinstance(box, LocalSandbox)
+        expected = os.geteuid() if not AS_ROOT else box.host_uid
+        assert box.host_uid == expected == host_uid_of(box.init_pid)
+        assert (await box.exec("id -u")).stdout == "0\n"
 
 
 async def test_setuid_binaries_grant_nothing(box: LocalSandbox) -> None:
@@ -359,6 +421,57 @@ async def test_an_abstract_host_socket_is_unreachable(box: LocalSandbox) -> None
         assert "CONNECTED" not in out
     finally:
         listener.close()
+
+
+async def test_of_the_source_only_its_objects_show_and_no_host_path(
+    backend: LocalBackend, source_repo: tuple[Path, str], tmp_path: Path
+) -> None:
+    repo, base = source_repo
+    git(repo, "remote", "add", "origin", "https://user:s3cret@example.invalid/repo.git")
+    (repo / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\necho hooked\n")
+    async with await backend.create(SandboxSpec(workspace=GitWorkspace(repo, base))) as box:
+        out = await attack(
+            box,
+            f"ls -A /run/sandbox/source; test -e {repo} && echo visible || echo absent; "
+            "grep -rl s3cret / 2>/dev/null --exclude-dir=proc --exclude-dir=sys "
+            "--exclude-dir=usr; git log --oneline --all | wc -l; "
+            "sleep 2 & readlink /proc/$!/fd/0 /proc/$!/fd/1 /proc/$!/fd/2",
+        )
+        # the script's helpers get their stdin from the host: a sealed memory file, no path
+        held = await box.run_python(
+            "import os; print(os.readlink('/proc/self/fd/0'))", stdin=b"data", timeout=30
+        )
+    lines = out.splitlines()
+    assert lines[:3] == ["HEAD", "objects", "refs"]  # no config, hooks, logs, refs
+    assert lines[3] == "absent"  # the source at its host path
+    assert "s3cret" not in out  # no file holds it
+    assert lines[4] == "1"  # only HEAD's history
+    assert str(tmp_path) not in "\n".join(lines[4:]) + held.stdout.decode()
+    assert [line.split(":")[0] for line in lines[5:]] == ["/dev/null", "pipe", "pipe"]
+    assert held.stdout.decode().startswith("/memfd:stdin")
+
+
+async def test_a_host_socket_in_a_read_only_bind_is_refused(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    # A read-only mount does not stop connect(), and path sockets cross network namespaces:
+    # bound, this service would answer commands inside (it did, banner and all).
+    shared = tmp_path / "shared"
+    (shared / "sub").mkdir(parents=True)
+    (shared / "sub" / "data.txt").write_text("data\n")
+    service = shared / "sub" / "service.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(service))
+    listener.listen()
+    spec = SandboxSpec(read_only_binds=(ReadOnlyBind(shared, PurePosixPath("/opt/shared")),))
+    try:
+        with pytest.raises(UnsupportedSpecError, match=r"service\.sock"):
+            await backend.create(spec)
+    finally:
+        listener.close()
+    service.unlink()
+    async with await backend.create(spec) as box:
+        assert (await box.exec("cat /opt/shared/sub/data.txt")).stdout == "data\n"
 
 
 async def test_the_host_environment_does_not_leak(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import ExecResult, LocalBackend, ResourceLimits, SandboxSpec
+from sandbox import ExecResult, InitGoneError, LocalBackend, ResourceLimits, SandboxSpec
 
 from .conftest import local_config
 
@@ -85,10 +85,15 @@ async def test_the_workspace_and_scratch_space_are_bounded(tmp_path: Path) -> No
     backend = LocalBackend(local_config(tmp_path))
     limits = ResourceLimits(workspace_bytes=8 * MiB, scratch_bytes=4 * MiB)
     async with await backend.create(SandboxSpec(limits=limits)) as box:
-        for directory in (box.workspace, "/tmp", "/var/tmp", "/root", "/dev/shm"):
-            full = await box.exec(f"head -c {16 * MiB} /dev/zero > {directory}/fill")
-            assert not full.ok, directory
+        sized = {box.workspace: "workspace_bytes"}
+        sized |= dict.fromkeys(("/tmp", "/var/tmp", "/root", "/dev/shm"), "scratch_bytes")
+        for directory, limit in sized.items():
+            full = await box.exec(f"head -c {16 * MiB} /dev/zero > {directory}/fill; echo went on")
             assert "No space left on device" in full.stderr, directory
+            assert full.stdout == "went on\n"  # the shell's status says nothing of it ...
+            assert limit in full.limits_hit, directory  # ... the report does
+            await box.exec(f"rm {directory}/fill")
+        assert (await box.exec("echo fine")).limits_hit == ()
         assert (await box.exec("df --output=size -B1 /workspace | tail -1")).stdout.strip() == str(
             8 * MiB
         )
@@ -102,6 +107,55 @@ async def test_cpu_time_and_file_size_limits_kill_with_their_signal(tmp_path: Pa
         assert (spin.exit_code, spin.limits_hit) == (128 + 24, ("cpu_seconds",))  # SIGXCPU
         big = await box.exec(f"head -c {2 * MiB} /dev/zero > big")
         assert (big.exit_code, big.limits_hit) == (128 + 25, ("max_file_size_bytes",))  # SIGXFSZ
+
+
+async def test_an_orphan_killed_by_a_limit_is_reported(limited: LocalBackend) -> None:
+    limits = ResourceLimits(cpu_seconds=1, max_file_size_bytes=MiB)
+    # The subshell exits at once: its child is adopted by the sandbox's init, which reaps it.
+    wait_for_orphan = (
+        "echo $! > /tmp/pid); while kill -0 $(cat /tmp/pid) 2>/dev/null; do sleep 0.1; done"
+    )
+    async with await limited.create(SandboxSpec(limits=limits)) as box:
+        big = await box.exec(f"(head -c {2 * MiB} /dev/zero > big & {wait_for_orphan}")
+        assert (big.exit_code, big.limits_hit) == (0, ("max_file_size_bytes",))
+        spin = await box.exec(f"(sh -c 'while :; do :; done' & {wait_for_orphan}", timeout=60)
+        assert (spin.exit_code, spin.limits_hit) == (0, ("cpu_seconds",))
+        assert (await box.exec("true")).limits_hit == ()
+
+
+async def test_tmpfs_filling_the_memory_costs_a_command_not_the_sandbox(
+    limited: LocalBackend,
+) -> None:
+    enforcement = await limited.enforcement()
+    if "memory" not in enforcement.cgroup_controllers:
+        assert "memory_bytes" in enforcement.unreported
+        assert any("tmpfs files do not count" in line for line in enforcement.fallbacks)
+        return
+    limits = ResourceLimits(memory_bytes=128 * MiB, scratch_bytes=512 * MiB)
+    async with await limited.create(SandboxSpec(limits=limits)) as box:
+        fill = await box.exec(f"head -c {256 * MiB} /dev/zero > /dev/shm/fill", timeout=60)
+        # The command, not init, was the OOM killer's choice (init's death raised before).
+        assert (fill.exit_code, fill.limits_hit) == (137, ("memory_bytes",))
+        (after,) = await asyncio.gather(
+            box.exec("rm /dev/shm/fill && echo alive", timeout=60), return_exceptions=True
+        )
+        if isinstance(after, InitGoneError):
+            # Full of tmpfs files, the sandbox has nothing else to give: unless init is exempt
+            # (root with CAP_SYS_RESOURCE) the next fork may take it; then it says why.
+            assert not enforcement.oom_exempt_init
+            assert "memory_bytes" in str(after)
+        else:
+            assert isinstance(after, ExecResult), after
+            assert after.stdout == "alive\n"
+
+
+async def test_what_cannot_be_reported_is_named(limited: LocalBackend) -> None:
+    enforcement = await limited.enforcement()
+    assert "max_open_files" in enforcement.unreported
+    async with await limited.create(SandboxSpec(limits=ResourceLimits(max_open_files=64))) as box:
+        many = await box.exec("python3 -c 'fs = [open(\"/dev/null\") for _ in range(100)]'")
+        assert "Too many open files" in many.stderr
+        assert many.limits_hit == ()  # as `unreported` says
 
 
 async def test_cpu_bandwidth_is_capped(tmp_path: Path) -> None:

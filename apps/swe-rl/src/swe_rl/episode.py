@@ -351,6 +351,7 @@ def _run_summary(run: AgentRun) -> dict[str, Any]:
         "main_agent_turns": run.stats.main_agent_turns,
         "tool_calls": run.stats.tool_calls,
         "error": run.stats.error,
+        "limits_hit": list(run.limits_hit),
     }
 
 

@@ -39,6 +39,9 @@ class AgentRun:
     stderr_path: Path
     stderr_tail: str
     stats: EventStats
+    limits_hit: tuple[str, ...] = ()
+    """Sandbox limits hit while the CLI ran (`ExecResult.limits_hit`); "max_output_bytes" means
+    the event stream in `events_path` is cut short."""
 
     @property
     def ok(self) -> bool:
@@ -94,6 +97,7 @@ async def run_launch(
         stderr_path=stderr_path,
         stderr_tail=_tail(stderr_path),
         stats=stats,
+        limits_hit=result.limits_hit,
     )
 
 

@@ -7,6 +7,7 @@ with ``_``) and may change in any release.
 from typing import TYPE_CHECKING
 
 from sandbox._capture import CapturedDiff, CaptureLimits, ChangeTooLargeError, capture_diff
+from sandbox._control import InitGoneError
 from sandbox._e2b_backend import E2BBackend, E2BConfig, E2BSandbox
 from sandbox._errors import (
     SandboxBootError,
@@ -50,6 +51,7 @@ __all__ = [
     "ExecResult",
     "ForwardedEndpoint",
     "GitWorkspace",
+    "InitGoneError",
     "LocalBackend",
     "LocalConfig",
     "LocalSandbox",

@@ -33,12 +33,17 @@ from sandbox._spec import ResourceLimits
 
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_HOME = "/root"
+SCRATCH_MOUNTS = ("/dev/shm", "/tmp", "/var/tmp", SANDBOX_HOME)
+"""The tmpfs each sized `ResourceLimits.scratch_bytes` (the home last: not world-writable)."""
 #: Our own read-only file system inside: init, our interpreter, the task's repository.
 RUN_SANDBOX = "/run/sandbox"
 INIT_PATH = f"{RUN_SANDBOX}/init.py"
 #: Where our interpreter is mounted when it lives outside /usr (a pyenv or uv install).
 PYTHON_MOUNT = f"{RUN_SANDBOX}/python"
-#: Where a GitWorkspace's source repository is mounted for the host's own use (the capture).
+#: A GitWorkspace's source repository as a minimal git directory: its object store (read-only),
+#: HEAD at the workspace's commit, no refs. The checkout borrows its objects; the host's own
+#: work (the diff capture) reads them. Nothing else of the source (config with a remote's
+#: credentials, hooks, reflogs, other refs) is mounted.
 SOURCE_MOUNT = f"{RUN_SANDBOX}/source"
 _RUN_SANDBOX_BYTES = 1 << 20
 #: Small: /run holds only sockets and pid files of what the agent starts.
@@ -67,9 +72,12 @@ class BootFds:
     seccomp: int
     init_script: int
     control: int
+    source_head: int = -1
+    """The HEAD file of SOURCE_MOUNT, for a GitWorkspace (-1: none)."""
 
     def all(self) -> tuple[int, ...]:
-        return (self.info, self.block, self.seccomp, self.init_script, self.control)
+        fds = (self.info, self.block, self.seccomp, self.init_script, self.control)
+        return (*fds, self.source_head) if self.source_head >= 0 else fds
 
 
 def bwrap_argv(
@@ -123,15 +131,18 @@ def bwrap_argv(
     argv += ["--proc", "/proc"]
     argv += [arg for path in _MASKED_PROC if os.path.exists(path) for arg in _mask(path)]
     argv += ["--dev", "/dev"]
-    for path in ("/dev/shm", "/tmp", "/var/tmp"):  # world-writable and sticky, as usual
+    for path in SCRATCH_MOUNTS[:-1]:  # world-writable and sticky, as usual
         argv += ["--perms", "1777", *_size(limits.scratch_bytes), "--tmpfs", path]
-    argv += [*_size(limits.scratch_bytes), "--tmpfs", SANDBOX_HOME]
+    argv += [*_size(limits.scratch_bytes), "--tmpfs", SCRATCH_MOUNTS[-1]]
     argv += [*_size(_RUN_BYTES), "--tmpfs", "/run"]
     argv += [*_size(_RUN_SANDBOX_BYTES), "--tmpfs", RUN_SANDBOX]
     argv += [*_size(limits.workspace_bytes), "--tmpfs", SANDBOX_WORKSPACE]
     argv += ["--ro-bind-data", str(fds.init_script), INIT_PATH]
     for bind in binds:
         argv += ["--ro-bind", bind.source, str(bind.target)]
+    if fds.source_head >= 0:
+        argv += ["--dir", f"{SOURCE_MOUNT}/refs"]
+        argv += ["--ro-bind-data", str(fds.source_head), f"{SOURCE_MOUNT}/HEAD"]
     argv += ["--remount-ro", RUN_SANDBOX, "--remount-ro", "/"]
     argv += ["--chdir", SANDBOX_WORKSPACE]
     # For init alone (commands get their own environment): our interpreter's shared library

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import posixpath
 import time
@@ -25,6 +26,7 @@ from sandbox._errors import (
     SandboxCommandError,
     SandboxFileNotFoundError,
 )
+from sandbox._output import PipeDrain
 from sandbox._private_dirs import remove_tree
 from sandbox._result import (
     ExecResult,
@@ -32,15 +34,53 @@ from sandbox._result import (
     exit_code_from_returncode,
     limit_of_returncode,
 )
-from sandbox._spec import validate_env
+from sandbox._spec import DEFAULT_READ_BYTES, validate_env
 
-# Exit codes of the file helper scripts (chosen outside the range coreutils use).
+# Exit codes of the file helpers (chosen outside the range Python and coreutils use).
 _EXIT_MISSING = 44
 _EXIT_IS_DIR = 45
-_READ_SCRIPT = (
-    f'[ -e "$1" ] || exit {_EXIT_MISSING}; [ -d "$1" ] && exit {_EXIT_IS_DIR}; exec cat -- "$1"'
-)
-_WRITE_SCRIPT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
+_EXIT_NOT_REGULAR = 46
+_EXIT_TOO_LARGE = 47
+# The helpers open the path inside the sandbox once, without blocking (a FIFO planted there
+# would hang a plain open), and act only on what that open found to be a regular file.
+_READ_SCRIPT = f"""
+import os, stat, sys
+path, limit = sys.argv[1], int(sys.argv[2])
+try:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+except FileNotFoundError:
+    sys.exit({_EXIT_MISSING})
+info = os.fstat(fd)
+if stat.S_ISDIR(info.st_mode):
+    sys.exit({_EXIT_IS_DIR})
+if not stat.S_ISREG(info.st_mode):
+    sys.exit({_EXIT_NOT_REGULAR})
+if info.st_size > limit:
+    sys.exit({_EXIT_TOO_LARGE})
+while chunk := os.read(fd, 1 << 20):
+    sys.stdout.buffer.write(chunk)
+"""
+_WRITE_SCRIPT = f"""
+import os, stat, sys
+path = sys.argv[1]
+os.makedirs(os.path.dirname(path), exist_ok=True)
+try:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o666)
+except IsADirectoryError:
+    sys.exit({_EXIT_IS_DIR})
+except OSError as error:
+    if error.errno == 6:  # ENXIO: a FIFO nobody reads
+        sys.exit({_EXIT_NOT_REGULAR})
+    raise
+if not stat.S_ISREG(os.fstat(fd).st_mode):
+    sys.exit({_EXIT_NOT_REGULAR})
+os.set_blocking(fd, True)
+os.ftruncate(fd, 0)
+view = memoryview(sys.stdin.buffer.read())
+while view:
+    view = view[os.write(fd, view):]
+"""
+_FILE_HELPER_TIMEOUT = 300.0
 _KILL_WAIT = 10.0
 _STDERR_BYTES = 64 << 10
 
@@ -63,25 +103,66 @@ class Launched(Protocol):
 
 
 class _IoFiles:
-    """A command's stdin/stdout/stderr: host files in the sandbox's private state directory."""
+    """A command's stdin, a sealed memory file (no host path for `/proc/*/fd` to show, and no
+    way to write to it), and its stdout and stderr, pipes the host reads into files of the
+    sandbox's private state directory, each cut at its limit (_output.py)."""
 
-    def __init__(self, io_dir: Path, stdin_data: bytes | None) -> None:
+    def __init__(
+        self, io_dir: Path, stdin_data: bytes | None, limits: tuple[int | None, int | None]
+    ) -> None:
         stem = uuid.uuid4().hex
         self.stdout = io_dir / f"{stem}.out"
         self.stderr = io_dir / f"{stem}.err"
-        self.stdin = io_dir / f"{stem}.in" if stdin_data is not None else None
         self._stdin_data = stdin_data
+        self._limits = limits
         self.fds: tuple[int, int, int] = (-1, -1, -1)
+        """What the command gets as stdin, stdout and stderr (closed here once it has them)."""
+        self._pending: list[tuple[int, int]] = []
+        self.drains: list[PipeDrain] = []
 
     def open(self) -> tuple[int, int, int]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        if self.stdin is not None:
-            self.stdin.write_bytes(self._stdin_data or b"")
-            stdin = os.open(self.stdin, os.O_RDONLY | os.O_CLOEXEC)
-        else:
-            stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        self.fds = (stdin, os.open(self.stdout, flags, 0o600), os.open(self.stderr, flags, 0o600))
+        """Create the files and pipes (file-system work: run in a worker thread)."""
+        opened: list[int] = []
+        try:
+            if self._stdin_data is not None:
+                opened.append(_sealed_memfd(self._stdin_data))
+            else:
+                opened.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            for path in (self.stdout, self.stderr):
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                opened += (read_end, write_end)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                opened.append(os.open(path, flags, 0o600))
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        stdin, out_read, out_write, out_file, err_read, err_write, err_file = opened
+        self._pending = [(out_read, out_file), (err_read, err_file)]
+        self.fds = (stdin, out_write, err_write)
         return self.fds
+
+    def start_draining(self) -> None:
+        """The command holds its ends now: read ours on the event loop."""
+        self.drains = [
+            PipeDrain(read_end, file, limit)
+            for (read_end, file), limit in zip(self._pending, self._limits, strict=True)
+        ]
+        self._pending = []
+
+    def settle(self) -> None:
+        """The command has exited: keep what it left in the pipes, nothing after."""
+        for drain in self.drains:
+            drain.settle()
+
+    @property
+    def truncated(self) -> bool:
+        return any(drain.truncated for drain in self.drains)
+
+    @property
+    def drained(self) -> bool:
+        """Every writer of both pipes has closed them (no background process holds one)."""
+        return not self._pending and all(drain.closed for drain in self.drains)
 
     def close_fds(self) -> None:
         for fd in self.fds:
@@ -89,10 +170,19 @@ class _IoFiles:
                 os.close(fd)
         self.fds = (-1, -1, -1)
 
+    def close(self) -> None:
+        """Release every descriptor (the command's copies, ours, the drains'); idempotent."""
+        self.close_fds()
+        for read_end, file in self._pending:
+            os.close(read_end)
+            os.close(file)
+        self._pending = []
+        for drain in self.drains:
+            drain.close()
+
     def remove(self) -> None:
-        for path in (self.stdout, self.stderr, self.stdin):
-            if path is not None:
-                path.unlink(missing_ok=True)
+        for path in (self.stdout, self.stderr):
+            path.unlink(missing_ok=True)
 
 
 class CommandSandbox(ABC):
@@ -105,14 +195,19 @@ class CommandSandbox(ABC):
         workspace: str,
         env: Mapping[str, str],
         keep_state: bool,
+        max_output_bytes: int | None,
     ) -> None:
         validate_env(env)
+        self._max_output = max_output_bytes
         self._state_dir = state_dir
         self._io_dir = state_dir / "io"
         self._workspace = workspace
         self._env = dict(env)
         self._keep_state = keep_state
         self._running: set[Launched] = set()
+        self._open_io: set[_IoFiles] = set()
+        """Output pipes of commands still running, or held by a background process after the
+        command exited; closed with the sandbox."""
         self._closed = False
         self._close_lock = asyncio.Lock()
 
@@ -189,7 +284,7 @@ class CommandSandbox(ABC):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> LocalProcess:
-        io = _IoFiles(self._io_dir, None)
+        io = _IoFiles(self._io_dir, None, (self._max_output, self._max_output))
         started = time.monotonic()
         token = await asyncio.to_thread(self._limits_token)
         launched = await self._start(["/bin/bash", "-lc", cmd], cwd, env, io)
@@ -212,14 +307,15 @@ class CommandSandbox(ABC):
     ) -> ScriptResult:
         python, env = self._python()
         argv = [python, "-I", "-S", "-c", script, *args]
-        io = _IoFiles(self._io_dir, stdin)
+        io = _IoFiles(self._io_dir, stdin, (max_output_bytes, _STDERR_BYTES))
         started = time.monotonic()
         try:
             launched = await self._start(argv, "/", env, io, inherit_env=False)
             code, timed_out = await self._wait(launched, timeout, kill_on_cancel=True)
-            stdout, truncated = await asyncio.to_thread(_read_bounded, io.stdout, max_output_bytes)
-            stderr, _ = await asyncio.to_thread(_read_bounded, io.stderr, _STDERR_BYTES)
+            self._settle(io)
+            stdout, stderr = await asyncio.to_thread(_read_pair, io)
         finally:
+            self._settle(io)
             await asyncio.to_thread(io.remove)
         return ScriptResult(
             exit_code=exit_code_from_returncode(code),
@@ -227,7 +323,7 @@ class CommandSandbox(ABC):
             stderr=stderr.decode("utf-8", errors="replace"),
             timed_out=timed_out,
             duration=time.monotonic() - started,
-            truncated=truncated,
+            truncated=io.drains[0].truncated,
         )
 
     async def _run(
@@ -239,14 +335,16 @@ class CommandSandbox(ABC):
         timeout: float | None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        io = _IoFiles(self._io_dir, stdin)
+        io = _IoFiles(self._io_dir, stdin, (self._max_output, self._max_output))
         started = time.monotonic()
         token = await asyncio.to_thread(self._limits_token)
         try:
             launched = await self._start(argv, cwd, env, io)
             code, timed_out = await self._wait(launched, timeout, kill_on_cancel=True)
+            self._settle(io)
             return await asyncio.to_thread(self._result, code, timed_out, started, io, token)
         finally:
+            self._settle(io)
             await asyncio.to_thread(io.remove)
 
     async def _start(
@@ -265,8 +363,12 @@ class CommandSandbox(ABC):
         stdio = await asyncio.to_thread(io.open)
         try:
             launched = await self._launch(argv, merged, directory, stdio)
-        finally:
-            io.close_fds()
+        except BaseException:
+            io.close()
+            raise
+        io.close_fds()
+        io.start_draining()
+        self._open_io.add(io)
         self._running.add(launched)
         return launched
 
@@ -292,10 +394,20 @@ class CommandSandbox(ABC):
         self._running.discard(launched)
         return returncode, timed_out
 
+    def _settle(self, io: _IoFiles) -> None:
+        """The command of `io` is done (or abandoned): keep what it wrote, nothing after, and
+        release its pipes unless a background process still holds one (then at close)."""
+        io.settle()
+        if io.drained:
+            io.close()
+            self._open_io.discard(io)
+
     def _result(
         self, returncode: int, timed_out: bool, started: float, io: _IoFiles, token: object
     ) -> ExecResult:
         hits = self._limits_hit_since(token) + limit_of_returncode(returncode)
+        if io.truncated:
+            hits += ("max_output_bytes",)
         return ExecResult(
             exit_code=exit_code_from_returncode(returncode),
             stdout=_read_output(io.stdout),
@@ -314,43 +426,48 @@ class CommandSandbox(ABC):
 
     # -- files ------------------------------------------------------------------------------
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_BYTES) -> bytes:
         target = self._resolve(path)
-        code, data, err = await self._helper(_READ_SCRIPT, target, None)
-        if code == _EXIT_MISSING:
+        result = await self.run_python(
+            _READ_SCRIPT,
+            [target, str(max_bytes)],
+            timeout=_FILE_HELPER_TIMEOUT,
+            max_output_bytes=max_bytes,
+        )
+        if result.exit_code == _EXIT_MISSING:
             raise SandboxFileNotFoundError(target)
-        if code == _EXIT_IS_DIR:
-            raise SandboxCommandError(f"is a directory, not a file: {target}")
-        if code != 0:
-            raise SandboxCommandError(f"reading {target} failed ({code}): {err}")
-        return data
+        self._check_file_helper(result, "reading", target, max_bytes)
+        return result.stdout
 
-    async def read_text(self, path: str) -> str:
-        return (await self.read_file(path)).decode("utf-8")
+    async def read_text(self, path: str, *, max_bytes: int = DEFAULT_READ_BYTES) -> str:
+        return (await self.read_file(path, max_bytes=max_bytes)).decode("utf-8")
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         target = self._resolve(path)
         payload = data.encode("utf-8") if isinstance(data, str) else data
-        code, _, err = await self._helper(_WRITE_SCRIPT, target, payload)
-        if code != 0:
-            raise SandboxCommandError(f"writing {target} failed ({code}): {err}")
+        result = await self.run_python(
+            _WRITE_SCRIPT, [target], stdin=payload, timeout=_FILE_HELPER_TIMEOUT
+        )
+        self._check_file_helper(result, "writing", target, None)
 
-    async def _helper(
-        self, script: str, target: str, stdin: bytes | None
-    ) -> tuple[int, bytes, str]:
-        """Run a fixed sh script inside the sandbox with the path as $1 (never parsed as shell).
-
-        File I/O goes through the sandbox's own view of the file system on purpose: resolving
-        the path on the host would follow symlinks the agent planted to host files.
-        """
-        io = _IoFiles(self._io_dir, stdin)
-        try:
-            launched = await self._start(["/bin/sh", "-c", script, "sh", target], None, None, io)
-            code, _ = await self._wait(launched, None, kill_on_cancel=True)
-            out, err = await asyncio.to_thread(_read_pair, io)
-        finally:
-            await asyncio.to_thread(io.remove)
-        return exit_code_from_returncode(code), out, err.decode(errors="replace").strip()
+    @staticmethod
+    def _check_file_helper(
+        result: ScriptResult, doing: str, target: str, max_bytes: int | None
+    ) -> None:
+        """File I/O runs inside, through the sandbox's own view of its files, on purpose:
+        resolving the path on the host would follow links the agent planted to host files."""
+        if result.exit_code == _EXIT_IS_DIR:
+            raise SandboxCommandError(f"is a directory, not a file: {target}")
+        if result.exit_code == _EXIT_NOT_REGULAR:
+            raise SandboxCommandError(f"not a regular file (a FIFO, device or socket): {target}")
+        if result.exit_code == _EXIT_TOO_LARGE or result.truncated:
+            raise SandboxCommandError(f"{target} is larger than max_bytes={max_bytes}")
+        if result.timed_out:
+            raise SandboxCommandError(f"{doing} {target} took over {_FILE_HELPER_TIMEOUT:.0f}s")
+        if result.exit_code != 0:
+            raise SandboxCommandError(
+                f"{doing} {target} failed ({result.exit_code}): {result.stderr.strip()[-2000:]}"
+            )
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -363,6 +480,9 @@ class CommandSandbox(ABC):
                 await self._shutdown()
             finally:
                 self._running.clear()
+                for io in self._open_io:
+                    io.close()
+                self._open_io.clear()
                 if not self._keep_state:
                     await asyncio.to_thread(remove_tree, self._state_dir)
 
@@ -409,6 +529,7 @@ class LocalProcess:
 
     async def wait(self, timeout: float | None = None) -> ExecResult:
         code, timed_out = await self._sandbox._wait(self._launched, timeout, kill_on_cancel=False)
+        self._sandbox._settle(self._io)
         return await asyncio.to_thread(
             self._sandbox._result, code, timed_out, self._started, self._io, self._token
         )
@@ -427,14 +548,23 @@ def _read_output(path: Path) -> str:
         return ""
 
 
-def _read_bounded(path: Path, limit: int) -> tuple[bytes, bool]:
-    """At most `limit` bytes of a captured output file, and whether there was more."""
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def _sealed_memfd(data: bytes) -> int:
+    """A read-only descriptor of `data` in memory: sealed, so that nobody (a process of the
+    sandbox reopening it through /proc, say) can grow or change it."""
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        with path.open("rb") as stream:
-            data = stream.read(limit + 1)
-    except FileNotFoundError:
-        return b"", False
-    return data[:limit], len(data) > limit
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _read_pair(io: _IoFiles) -> tuple[bytes, bytes]:

@@ -39,6 +39,10 @@ class InitChannel:
         self._abandoned: set[int] = set()
         """Requests whose caller went away: a command they started is killed on arrival."""
         self._exits: dict[int, asyncio.Future[int]] = {}
+        self.full: tuple[str, ...] = ()
+        """Size limits whose tmpfs was full when the latest command ended."""
+        self.rlimit_kills: dict[str, int] = {}
+        """Processes other than commands killed by an rlimit's signal, by limit, so far."""
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._gone: InitGoneError | None = None
         self._loop.add_reader(sock.fileno(), self._on_readable)
@@ -194,6 +198,11 @@ class InitChannel:
             pid, code = message["pid"], message["returncode"]
             assert isinstance(pid, int)
             assert isinstance(code, int)
+            full, kills = message.get("full", []), message.get("rlimit_kills", {})
+            assert isinstance(full, list)
+            assert isinstance(kills, dict)
+            self.full = tuple(str(limit) for limit in full)
+            self.rlimit_kills = {str(limit): int(count) for limit, count in kills.items()}
             future = self._exit_future(pid)
             if not future.done():
                 future.set_result(code)

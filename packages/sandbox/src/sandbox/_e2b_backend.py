@@ -42,7 +42,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +59,7 @@ from sandbox._errors import (
 from sandbox._result import KILLED_EXIT_CODE, ExecResult, ScriptResult
 from sandbox._retry import RetryPolicy
 from sandbox._spec import (
+    DEFAULT_READ_BYTES,
     DirectoryWorkspace,
     EmptyWorkspace,
     ForwardedEndpoint,
@@ -80,6 +81,10 @@ _MIN_POLL_DELAY = 0.05
 
 _SIGNAL_EXIT = re.compile(r"^signal: (.+)$")
 _SIZE = re.compile(r"^size=(\d+)$", re.MULTILINE)
+# Exit codes of read_file's check inside (outside the range coreutils use).
+_FILE_MISSING = 44
+_FILE_IS_DIR = 45
+_FILE_NOT_REGULAR = 46
 # Go's names for signals (os.Signal.String()) as envd reports them.
 _GO_SIGNAL_NAMES = {
     "killed": signal.SIGKILL,
@@ -302,7 +307,12 @@ class E2BBackend:
             endpoint_url = f"http://{spec.network.host}:{spec.network.port}"
         sdk_sandbox = await self._boot(create_kwargs)
         sandbox = E2BSandbox(
-            sdk_sandbox, self._e2b, config=self.config, env=spec.env, endpoint_url=endpoint_url
+            sdk_sandbox,
+            self._e2b,
+            config=self.config,
+            env=spec.env,
+            endpoint_url=endpoint_url,
+            max_output_bytes=spec.limits.max_output_bytes,
         )
         try:
             await sandbox._prepare_workspace(spec)
@@ -401,8 +411,10 @@ class E2BBackend:
 def _check_supported(spec: SandboxSpec) -> None:
     if spec.read_only_binds:
         raise UnsupportedSpecError("E2B cannot mount host paths; bake them into the template")
-    if spec.limits != ResourceLimits():
-        raise UnsupportedSpecError("E2B resource limits come from the template, not the spec")
+    if replace(spec.limits, max_output_bytes=ResourceLimits().max_output_bytes) != ResourceLimits():
+        raise UnsupportedSpecError(
+            "E2B resource limits come from the template, not the spec (max_output_bytes apart)"
+        )
     if not isinstance(spec.workspace, EmptyWorkspace | DirectoryWorkspace):
         raise UnsupportedSpecError(
             "E2B takes an empty or directory workspace; put repositories in the template "
@@ -418,27 +430,29 @@ def _tar_directory(source: Path) -> bytes:
 
 
 class _OutputSink:
-    """Collects a command's output as the SDK streams it, in memory or into a host file;
-    in memory, at most `limit` bytes (UTF-8) of it when a limit is given."""
+    """Collects a command's output as the SDK streams it, in memory or into a host file, at
+    most `limit` bytes (UTF-8) of it when a limit is given; the rest is counted, not kept."""
 
     def __init__(self, path: Path | None, limit: int | None = None) -> None:
         self._chunks: list[str] = []
         self._file = path.open("w", encoding="utf-8") if path is not None else None
         self._room = limit
+        self.dropped = 0
 
     def __call__(self, chunk: str) -> None:
-        if self._file is not None:
-            self._file.write(chunk)
-            self._file.flush()
-            return
         if self._room is not None:
             encoded = chunk.encode("utf-8")
             if len(encoded) > self._room:
                 chunk = encoded[: self._room].decode("utf-8", errors="ignore")
+                self.dropped += len(encoded) - len(chunk.encode("utf-8"))
                 encoded = chunk.encode("utf-8")
             self._room -= len(encoded)
             if not chunk:
                 return
+        if self._file is not None:
+            self._file.write(chunk)
+            self._file.flush()
+            return
         self._chunks.append(chunk)
 
     def text(self, path: Path | None) -> str:
@@ -492,12 +506,14 @@ class _Command:
                 await self.kill()
                 self._finished = (KILLED_EXIT_CODE, True)
         exit_code, timed_out = self._finished
+        cut = self.stdout.dropped or self.stderr.dropped
         return ExecResult(
             exit_code=exit_code,
             stdout=self.stdout.text(self.paths[0]),
             stderr=self.stderr.text(self.paths[1]),
             timed_out=timed_out,
             duration=time.monotonic() - self.started,
+            limits_hit=("max_output_bytes",) if cut else (),
         )
 
     async def _exit_code(self) -> int:
@@ -581,8 +597,10 @@ class E2BSandbox:
         config: E2BConfig,
         env: Mapping[str, str],
         endpoint_url: str | None,
+        max_output_bytes: int | None = ResourceLimits().max_output_bytes,
     ) -> None:
         self._sdk = sdk_sandbox
+        self._max_output = max_output_bytes
         self._e2b = e2b_module
         self._config = config
         self._env = dict(env)
@@ -666,8 +684,9 @@ class E2BSandbox:
         paths: tuple[Path | None, Path | None],
         own: _Own,
     ) -> _Command:
-        stdout = _OutputSink(paths[0])
-        stderr = _OutputSink(paths[1], own.stderr_limit)
+        limit = self._max_output
+        stdout = _OutputSink(paths[0], limit)
+        stderr = _OutputSink(paths[1], own.stderr_limit or limit)
         try:
             handle = await asyncio.wait_for(
                 self._sdk.commands.run(
@@ -894,7 +913,7 @@ class E2BSandbox:
                 f"{sized.stderr.strip()[-2000:]}"
             )
         size = int(found[-1]) if found else 0
-        data = await self.read_file(path) if size else b""
+        data = await self._download(path) if size else b""
         return data[:limit], size > limit or len(data) > limit
 
     async def _remove_quietly(self, *paths: str) -> None:
@@ -909,10 +928,37 @@ class E2BSandbox:
     def _resolve(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workspace, path))
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_BYTES) -> bytes:
+        """Checked inside first (a regular file of at most `max_bytes`), then downloaded. The
+        file can change between the two; a VM's agent can fill its own disk, not the host's
+        memory beyond one download (E2B's file API has no range reads)."""
         if self._closed:
             raise SandboxClosedError("sandbox is closed")
         target = self._resolve(path)
+        q = shlex.quote(target)
+        _, checked = await self._exec_own(
+            f"[ -e {q} ] || exit {_FILE_MISSING}; [ -d {q} ] && exit {_FILE_IS_DIR}; "
+            f"[ -f {q} ] || exit {_FILE_NOT_REGULAR}; stat -L -c %s -- {q}",
+            self._config.request_timeout,
+        )
+        if checked.exit_code == _FILE_MISSING:
+            raise SandboxFileNotFoundError(target)
+        if checked.exit_code == _FILE_IS_DIR:
+            raise SandboxCommandError(f"is a directory, not a file: {target}")
+        if checked.exit_code == _FILE_NOT_REGULAR:
+            raise SandboxCommandError(f"not a regular file (a FIFO, device or socket): {target}")
+        if not checked.ok or not checked.stdout.strip().isdigit():
+            raise SandboxCommandError(
+                f"could not check {target} (exit {checked.exit_code}): {checked.stderr[-2000:]}"
+            )
+        if int(checked.stdout) > max_bytes:
+            raise SandboxCommandError(f"{target} is larger than max_bytes={max_bytes}")
+        data = await self._download(target)
+        if len(data) > max_bytes:
+            raise SandboxCommandError(f"{target} is larger than max_bytes={max_bytes}")
+        return data
+
+    async def _download(self, target: str) -> bytes:
         try:
             data = await asyncio.wait_for(
                 self._sdk.files.read(target, format="bytes"), self._config.request_timeout
@@ -921,8 +967,8 @@ class E2BSandbox:
             raise SandboxFileNotFoundError(target) from error
         return bytes(data)
 
-    async def read_text(self, path: str) -> str:
-        return (await self.read_file(path)).decode("utf-8")
+    async def read_text(self, path: str, *, max_bytes: int = DEFAULT_READ_BYTES) -> str:
+        return (await self.read_file(path, max_bytes=max_bytes)).decode("utf-8")
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         if self._closed:

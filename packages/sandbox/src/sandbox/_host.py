@@ -63,7 +63,11 @@ class HostSandbox(CommandSandbox):
         base_repository: str | None = None,
     ) -> None:
         super().__init__(
-            state_dir=state_dir, workspace=str(workspace), env=env, keep_state=keep_state
+            state_dir=state_dir,
+            workspace=str(workspace),
+            env=env,
+            keep_state=keep_state,
+            max_output_bytes=limits.max_output_bytes,
         )
         self._prefix = prlimit_prefix(prlimit, limits)
         self._endpoint_url = endpoint_url

@@ -27,8 +27,11 @@ Host -> init:
       every process of the pid namespace but init, daemons that left their session included,
       and a fork racing it either finishes before (its child is signalled too) or fails.
 Init -> host:
-  {"ev": "ready"} once, then {"ev": "exit", "pid": P, "returncode": R} for each command
-  (R as in subprocess: negative for a signal). The host closing its end ends the sandbox.
+  {"ev": "ready"} once, then {"ev": "exit", "pid": P, "returncode": R, "full": [...],
+  "rlimit_kills": {...}} for each command (R as in subprocess: negative for a signal). "full"
+  names the size limits whose tmpfs had less than FULL_BYTES free when the command ended;
+  "rlimit_kills" counts, since init started, the other processes it reaped (orphans) that died
+  of SIGXCPU or SIGXFSZ, by limit. The host closing its end ends the sandbox.
 """
 
 from __future__ import annotations
@@ -52,12 +55,18 @@ ANCILLARY_SPACE = socket.CMSG_SPACE(MAX_FDS * _FD_BYTES)
 _PR_SET_DUMPABLE = 4
 # Python ignores these itself; ignored dispositions survive exec, so commands get defaults.
 _RESET_IN_CHILD = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD)
+FULL_BYTES = 1 << 20
+"""A tmpfs with less room than this is reported full: a write got ENOSPC, or was about to."""
+_RLIMIT_SIGNALS = {int(signal.SIGXCPU): "cpu_seconds", int(signal.SIGXFSZ): "max_file_size_bytes"}
 
 
 class Init:
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self, control: socket.socket, tmpfs: list[tuple[str, str]]) -> None:
         self.control = control
         self.running: set[int] = set()
+        self.tmpfs = tmpfs
+        """(mount point, the ResourceLimits field that sizes it)"""
+        self.rlimit_kills = dict.fromkeys(_RLIMIT_SIGNALS.values(), 0)
 
     def send(self, message: dict[str, object], fds: tuple[int, ...] = ()) -> None:
         data = json.dumps(message).encode()
@@ -177,17 +186,46 @@ class Init:
             time.sleep(0.002)
 
     def reap(self) -> None:
+        """Reap every child that has exited, then report the commands among them (orphans
+        adopted by pid 1 are only counted when a limit's signal killed them)."""
+        exited: list[tuple[int, int]] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
-            if pid in self.running:  # orphans adopted by pid 1 are reaped silently
+                break
+            code = os.waitstatus_to_exitcode(status)
+            if pid in self.running:
                 self.running.discard(pid)
-                code = os.waitstatus_to_exitcode(status)
-                self.send({"ev": "exit", "pid": pid, "returncode": code})
+                exited.append((pid, code))
+            elif (limit := _RLIMIT_SIGNALS.get(-code)) is not None:
+                self.rlimit_kills[limit] += 1
+        if exited:
+            full = self.full()
+            for pid, code in exited:
+                self.send(
+                    {
+                        "ev": "exit",
+                        "pid": pid,
+                        "returncode": code,
+                        "full": full,
+                        "rlimit_kills": self.rlimit_kills,
+                    }
+                )
+
+    def full(self) -> list[str]:
+        """The size limits whose file system is (nearly) full now."""
+        full = []
+        for path, limit in self.tmpfs:
+            try:
+                usage = os.statvfs(path)
+            except OSError:
+                continue
+            if usage.f_bavail * usage.f_frsize < FULL_BYTES and limit not in full:
+                full.append(limit)
+        return full
 
 
 def _become(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], report: int) -> None:
@@ -197,6 +235,10 @@ def _become(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], repo
         for signum in _RESET_IN_CHILD:
             signal.signal(signum, signal.SIG_DFL)
         os.setsid()
+        # First in line for the OOM killer: when the sandbox's memory runs out (its tmpfs files
+        # count), a command dies and reports the limit, not init and the sandbox with it.
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
         os.chdir(cwd)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -258,7 +300,7 @@ def main() -> None:
         _lower_limit(getattr(resource, name), value)
     control = socket.socket(fileno=control_fd)
     control.setblocking(True)
-    Init(control).serve()
+    Init(control, [(str(path), str(limit)) for path, limit in config.get("tmpfs", [])]).serve()
 
 
 if __name__ == "__main__":

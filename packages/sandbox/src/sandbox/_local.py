@@ -19,10 +19,10 @@ import contextlib
 import json
 import logging
 import os
-import shlex
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
@@ -38,6 +38,7 @@ from sandbox._bwrap import (
     RUN_SANDBOX,
     SANDBOX_HOME,
     SANDBOX_WORKSPACE,
+    SCRATCH_MOUNTS,
     SOURCE_MOUNT,
     Bind,
     BootFds,
@@ -45,7 +46,7 @@ from sandbox._bwrap import (
 )
 from sandbox._cgroups import CONTROLLERS, CgroupLimits, CgroupSupport, Counters, SandboxCgroup
 from sandbox._commands import CommandSandbox, Launched
-from sandbox._control import InitChannel
+from sandbox._control import InitChannel, InitGoneError
 from sandbox._errors import (
     SandboxBootError,
     SandboxUnavailableError,
@@ -62,6 +63,7 @@ from sandbox._spec import (
     SandboxSpec,
 )
 from sandbox._stage import stage_dir, staged_launch
+from sandbox._subids import SubordinateIds
 from sandbox._uids import UidLease, UidRange, lease_uid
 from sandbox._workspace import CheckoutError, checkout_repo, git_common_dir, resolve_commit
 
@@ -105,6 +107,10 @@ class LocalConfig:
     mode 0700, refused if another user planted it).
     keep_state: leave the state directory on disk after close, for debugging.
     uids: the host uids sandboxes run as when the caller is root (one per live sandbox).
+    subordinate_ids: when the caller is not root, run each sandbox as a host uid of its own
+    from the caller's subordinate ids (/etc/subuid, /etc/subgid; needs `newuidmap` and
+    `newgidmap`: _subids.py) where the host grants some; otherwise, or when False, all
+    sandboxes run as the caller (`enforcement()` says which).
     use_cgroups: limit each sandbox as a whole with its own cgroups where the host allows;
     False enforces limits with rlimits only (per process, or per host user for processes).
     cgroup_parent: a cgroup path (relative to each hierarchy's root) delegated to us, under
@@ -119,6 +125,7 @@ class LocalConfig:
         default_factory=lambda: {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
     )
     uids: UidRange = field(default_factory=UidRange)
+    subordinate_ids: bool = True
     use_cgroups: bool = True
     cgroup_parent: PurePosixPath | None = None
 
@@ -136,6 +143,15 @@ class Enforcement:
     host_uid: str
     cgroup_controllers: tuple[str, ...]
     fallbacks: tuple[str, ...]
+    unreported: tuple[str, ...] = ()
+    """`ResourceLimits` fields enforced here whose hits `ExecResult.limits_hit` never names:
+    the kernel counts them nowhere (a refused open, fork or allocation is only an error code
+    to the process that made it). `cpu_seconds` and `max_file_size_bytes` are named when the
+    command itself, its shell's last child or an orphaned process dies of their signal, not
+    when the shell goes on after an earlier child died of it."""
+    oom_exempt_init: bool = False
+    """Init is exempt from the OOM killer (root with CAP_SYS_RESOURCE): a sandbox whose memory
+    is full loses commands, never init. Otherwise a fork that finds no memory may take init."""
 
 
 class LocalBackend:
@@ -220,9 +236,14 @@ class LocalSandbox(CommandSandbox):
         keep_state: bool,
         python: tuple[str, Mapping[str, str]],
         base_repository: str | None,
+        max_output_bytes: int | None,
     ) -> None:
         super().__init__(
-            state_dir=boot.state_dir, workspace=SANDBOX_WORKSPACE, env=env, keep_state=keep_state
+            state_dir=boot.state_dir,
+            workspace=SANDBOX_WORKSPACE,
+            env=env,
+            keep_state=keep_state,
+            max_output_bytes=max_output_bytes,
         )
         self._boot = boot
         self._python_inside = python
@@ -255,8 +276,11 @@ class LocalSandbox(CommandSandbox):
         cwd: str,
         stdio: tuple[int, int, int],
     ) -> Launched:
-        pid = await self._boot.channel.spawn(argv, env, cwd, stdio)
-        return _InitProcess(self._boot.channel, pid)
+        try:
+            pid = await self._boot.channel.spawn(argv, env, cwd, stdio)
+        except InitGoneError as gone:
+            raise self._boot.why_gone(gone) from gone
+        return _InitProcess(self._boot, pid)
 
     @property
     def base_repository(self) -> str | None:
@@ -290,17 +314,25 @@ class LocalSandbox(CommandSandbox):
 
     def _limits_token(self) -> object:
         counters = self._boot.cgroup.counters() if self._boot.cgroup else None
-        return counters, self.refused_connections
+        channel = self._boot.channel
+        return counters, self.refused_connections, dict(channel.rlimit_kills)
 
     def _limits_hit_since(self, token: object) -> tuple[str, ...]:
+        """The cgroups' counters, the relay's refusals, and what init reported: tmpfs full
+        when the command ended, orphans killed by an rlimit's signal (a command's own death
+        by one is in its return code)."""
         assert isinstance(token, tuple)
-        counters, refused = token
+        counters, refused, kills = token
         hits: tuple[str, ...] = ()
         if isinstance(counters, Counters) and self._boot.cgroup is not None:
             hits = self._boot.cgroup.counters().hits_since(counters)
         if self.refused_connections > refused:
             hits += ("max_connections",)
-        return hits
+        channel = self._boot.channel
+        hits += tuple(
+            limit for limit, count in channel.rlimit_kills.items() if count > kills.get(limit, 0)
+        )
+        return hits + channel.full
 
     async def _shutdown(self) -> None:
         if self._relay is not None:
@@ -311,8 +343,8 @@ class LocalSandbox(CommandSandbox):
 class _InitProcess:
     """A command started by the sandbox's init."""
 
-    def __init__(self, channel: InitChannel, pid: int) -> None:
-        self._channel = channel
+    def __init__(self, boot: _Booted, pid: int) -> None:
+        self._boot = boot
         self._pid = pid
         self._returncode: int | None = None
 
@@ -321,11 +353,14 @@ class _InitProcess:
         return self._returncode
 
     async def wait(self) -> int:
-        self._returncode = await self._channel.wait(self._pid)
+        try:
+            self._returncode = await self._boot.channel.wait(self._pid)
+        except InitGoneError as gone:
+            raise self._boot.why_gone(gone) from gone
         return self._returncode
 
     def kill_group(self) -> None:
-        self._channel.kill_group(self._pid)
+        self._boot.channel.kill_group(self._pid)
 
 
 # -- booting ------------------------------------------------------------------------------
@@ -342,8 +377,10 @@ class _Prepared:
     seccomp: bytes
     init_source: bytes
     as_root: bool
+    subids: SubordinateIds | None
+    """A non-root caller's subordinate ids, when sandboxes run as uids of their own."""
     stage: Path | None
-    """Where root stages bind sources before dropping to the sandbox uid (None: not root)."""
+    """Where bind sources are staged before dropping to the sandbox uid (None: no own uid)."""
     cgroups: CgroupSupport
     enforcement: Enforcement
     relays: RelayBudget
@@ -387,6 +424,10 @@ class _Prepared:
             else CgroupSupport(problems=dict.fromkeys(CONTROLLERS, "disabled by config"))
         )
         as_root = os.geteuid() == 0
+        subids: SubordinateIds | str = "not asked for (LocalConfig.subordinate_ids=False)"
+        if not as_root and config.subordinate_ids:
+            subids = SubordinateIds.discover()
+        own_uids = as_root or isinstance(subids, SubordinateIds)
         _sweep(config, cgroups)
         return cls(
             bwrap=bwrap,
@@ -395,14 +436,17 @@ class _Prepared:
             seccomp=compile_filter(),
             init_source=resources.files("sandbox").joinpath("_init.py").read_bytes(),
             as_root=as_root,
-            stage=stage_dir(_host_tmp()) if as_root else None,
+            subids=subids if isinstance(subids, SubordinateIds) else None,
+            stage=stage_dir(_host_tmp()) if own_uids else None,
             cgroups=cgroups,
-            enforcement=_enforcement(config, cgroups, as_root),
+            enforcement=_enforcement(config, cgroups, as_root, subids),
             relays=RelayBudget(),
         )
 
 
-def _enforcement(config: LocalConfig, cgroups: CgroupSupport, as_root: bool) -> Enforcement:
+def _enforcement(
+    config: LocalConfig, cgroups: CgroupSupport, as_root: bool, subids: SubordinateIds | str
+) -> Enforcement:
     fallbacks = []
     missing = {
         "pids": "max_processes is enforced per host user with RLIMIT_NPROC",
@@ -413,13 +457,48 @@ def _enforcement(config: LocalConfig, cgroups: CgroupSupport, as_root: bool) -> 
         if controller not in cgroups.hierarchies:
             reason = cgroups.problems.get(controller, "unavailable")
             fallbacks.append(f"no {controller} cgroup ({reason}): {consequence}")
-    uids = config.uids
-    host_uid = (
-        f"one uid per sandbox from {uids.first} (+{uids.count})"
-        if as_root
-        else f"the caller's uid {os.geteuid()}, shared by all sandboxes"
+    if as_root:
+        host_uid = f"one uid per sandbox from {config.uids.first} (+{config.uids.count})"
+    elif isinstance(subids, SubordinateIds):
+        first, count = subids.uids.first, subids.uids.count
+        host_uid = f"one uid per sandbox from the caller's subordinate ids {first} (+{count})"
+    else:
+        host_uid = f"the caller's uid {os.geteuid()}, shared by all sandboxes ({subids})"
+    unreported = ["max_open_files"]
+    if "pids" not in cgroups.hierarchies:
+        unreported.append("max_processes")
+    if "memory" not in cgroups.hierarchies:
+        unreported.append("memory_bytes")
+        fallbacks.append("tmpfs files do not count against memory_bytes")
+    if isinstance(subids, SubordinateIds):
+        instances, watches = subids.inotify_share
+        fallbacks.append(
+            "inotify instances and watches are charged to the caller (the owner of every "
+            f"sandbox's user namespace); each sandbox may take {instances} and {watches}"
+        )
+    elif not as_root:
+        fallbacks.append(
+            "per-user kernel quotas (inotify instances and watches, processes, message queues) "
+            "are shared by all sandboxes and the caller"
+        )
+    return Enforcement(
+        host_uid,
+        tuple(sorted(cgroups.hierarchies)),
+        tuple(fallbacks),
+        tuple(unreported),
+        as_root and _has_capability(_CAP_SYS_RESOURCE),
     )
-    return Enforcement(host_uid, tuple(sorted(cgroups.hierarchies)), tuple(fallbacks))
+
+
+_CAP_SYS_RESOURCE = 24
+
+
+def _has_capability(number: int) -> bool:
+    """Whether this process holds the capability in its effective set."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> number & 1)
+    return False
 
 
 @dataclass(slots=True)
@@ -434,6 +513,16 @@ class _Booted:
     host_uid: int
     cgroup: SandboxCgroup | None
     lease: UidLease | None
+
+    def why_gone(self, gone: InitGoneError) -> InitGoneError:
+        """Init died under us: say so plainly when the memory limit is why (a sandbox whose
+        tmpfs files fill its memory has nothing else to take from, unless init is exempt)."""
+        if self.cgroup is not None and self.cgroup.counters().oom_kills:
+            return InitGoneError(
+                f"{gone}: the sandbox's memory is full (memory_bytes, tmpfs files included) "
+                "and the OOM killer took its init; the sandbox is lost"
+            )
+        return gone
 
     async def stop(self) -> None:
         """Kill init (the kernel then kills everything in its pid namespace and init's exit
@@ -484,12 +573,15 @@ class _Boot:
         lease = None
         if self.prepared.as_root:
             lease = await asyncio.to_thread(lease_uid, self.config.uids, _uid_lock_dir())
+        elif self.prepared.subids is not None:
+            uids = self.prepared.subids.uids
+            lease = await asyncio.to_thread(lease_uid, uids, _uid_lock_dir())
         state: Path | None = None
         cgroup: SandboxCgroup | None = None
         try:
             state = await asyncio.to_thread(_make_state_dir, self.config)
             cgroup = await asyncio.to_thread(self._cgroup, state.name)
-            booted = await self._start(state, lease, cgroup)
+            booted = await self._start(state, lease, cgroup, commit)
         except BaseException:
             await asyncio.to_thread(_undo, state, cgroup, lease, self.config.keep_state)
             raise
@@ -503,6 +595,7 @@ class _Boot:
             keep_state=self.config.keep_state,
             python=self.prepared.script_python,
             base_repository=SOURCE_MOUNT if commit is not None else None,
+            max_output_bytes=self.spec.limits.max_output_bytes,
         )
         try:
             await self._populate(sandbox, commit)
@@ -549,10 +642,10 @@ class _Boot:
         if isinstance(source, DirectoryWorkspace):
             sources.append((source.source, PurePosixPath(_SEED_PATH)))
         elif isinstance(source, GitWorkspace):
-            common = self._git_common_dir
-            # At its own path for the checkout's alternates; under RUN_SANDBOX for the host.
-            sources.append((common, PurePosixPath(common)))
-            sources.append((common, PurePosixPath(SOURCE_MOUNT)))
+            # Its objects only (SOURCE_MOUNT in _bwrap.py): the checkout borrows them.
+            sources.append(
+                (self._git_common_dir / "objects", PurePosixPath(SOURCE_MOUNT, "objects"))
+            )
         elif not isinstance(source, EmptyWorkspace):
             raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
         if isinstance(source, DirectoryWorkspace) and not source.source.is_dir():
@@ -579,10 +672,19 @@ class _Boot:
             rlimits.append(("RLIMIT_NPROC", limits.max_processes))
         if limits.memory_bytes is not None and "memory" not in controllers:
             rlimits.append(("RLIMIT_DATA", limits.memory_bytes))
-        return json.dumps({"rlimits": rlimits})
+        sized = []
+        if limits.workspace_bytes is not None:
+            sized.append((SANDBOX_WORKSPACE, "workspace_bytes"))
+        if limits.scratch_bytes is not None:
+            sized += [(path, "scratch_bytes") for path in SCRATCH_MOUNTS]
+        return json.dumps({"rlimits": rlimits, "tmpfs": sized})
 
     async def _start(
-        self, state: Path, lease: UidLease | None, cgroup: SandboxCgroup | None
+        self,
+        state: Path,
+        lease: UidLease | None,
+        cgroup: SandboxCgroup | None,
+        commit: str | None,
     ) -> _Booted:
         prepared = self.prepared
         control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -594,13 +696,27 @@ class _Boot:
             seccomp=self._memfd("seccomp", prepared.seccomp),
             init_script=self._memfd("init", prepared.init_source),
             control=self._keep(control_child.detach()),
+            source_head=self._memfd("head", f"{commit}\n".encode()) if commit else -1,
         )
         sources = self._sources()
+        theirs = [path for path, _ in sources if path != prepared.python_prefix]
+        await asyncio.to_thread(_refuse_sockets, theirs)
         uid = lease.uid if lease is not None else os.geteuid()
         paths = [str(host_path) for host_path, _ in sources]
-        wrap = None
+        wrap: list[str] | None = None
         if prepared.stage is not None:
-            wrap, paths = staged_launch(uid, prepared.stage, [p for p, _ in sources])
+            # In a subordinate-id namespace the leased id is that namespace's uid 0.
+            inner = 0 if prepared.subids is not None else uid
+            wrap, paths = staged_launch(inner, prepared.stage, [p for p, _ in sources])
+        handshake: tuple[int, int] | None = None  # our ends: (ready to read, go to write)
+        inherited_by_wrapper: tuple[int, ...] = ()
+        if prepared.subids is not None and wrap is not None:
+            ready_read, ready_write = os.pipe()
+            go_read, go_write = os.pipe()
+            handshake = ready_read, go_write
+            inherited_by_wrapper = (self._keep(ready_write), self._keep(go_read))
+            wrapper = prepared.subids.wrapper_argv(prepared.python, *inherited_by_wrapper)
+            wrap = [*wrapper, *wrap]
         binds = [Bind(path, target) for path, (_, target) in zip(paths, sources, strict=True)]
         argv = bwrap_argv(
             prepared.bwrap,
@@ -613,25 +729,30 @@ class _Boot:
         if wrap is not None:
             argv = [*wrap, *argv]
         log = state / "bwrap.log"
+        ours = (info_read, block_write, *(handshake or ()))
         try:
-            process = await _spawn_bwrap(argv, log, fds.all())
+            process = await _spawn_bwrap(argv, log, (*fds.all(), *inherited_by_wrapper))
             logger.debug("sandbox %s: bwrap %d started", state.name, process.pid)
         except BaseException:
             control.close()
-            for fd in (info_read, block_write):
+            for fd in ours:
                 os.close(fd)
             raise
-        for fd in (info_write, block_read):  # the child's ends: close ours now
+        for fd in (info_write, block_read, *inherited_by_wrapper):  # the child's: close ours
             self._fds.remove(fd)
             os.close(fd)
         channel: InitChannel | None = None
         pidfd = -1
         try:
+            if handshake is not None and lease is not None and prepared.subids is not None:
+                await self._enter_subordinate_ids(handshake, process, log, cgroup, lease.uid)
             info = await _read_info(info_read, process, self.config.boot_timeout, log)
             init_pid = info["child-pid"]
             pidfd = os.pidfd_open(init_pid)
-            if cgroup is not None:
+            if cgroup is not None and handshake is None:
                 await asyncio.to_thread(cgroup.attach, init_pid)
+            if prepared.enforcement.oom_exempt_init:
+                await asyncio.to_thread(_spare_from_oom_killer, init_pid)
             os.write(block_write, b"go")  # the payload (our init) starts only now
             channel = InitChannel(control)
             try:
@@ -649,8 +770,8 @@ class _Boot:
                 os.close(pidfd)
             raise
         finally:
-            os.close(info_read)
-            os.close(block_write)
+            for fd in ours:
+                os.close(fd)
         return _Booted(
             state_dir=state,
             process=process,
@@ -662,14 +783,47 @@ class _Boot:
             lease=lease,
         )
 
+    async def _enter_subordinate_ids(
+        self,
+        handshake: tuple[int, int],
+        process: asyncio.subprocess.Process,
+        log: Path,
+        cgroup: SandboxCgroup | None,
+        uid: int,
+    ) -> None:
+        """The wrapper has made its user namespace: put it in the sandbox's cgroups while it is
+        still the caller's, map the namespace to the leased id, and let it go on (_subids.py)."""
+        ready, go = handshake
+        assert self.prepared.subids is not None
+        loop = asyncio.get_running_loop()
+        signalled: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not signalled.done():
+                signalled.set_result(None)
+
+        loop.add_reader(ready, readable)
+        timeout = self.config.boot_timeout
+        try:
+            await _first_of(asyncio.wait_for(signalled, timeout), process, log)
+        except TimeoutError:
+            raise SandboxBootError(f"no user namespace within {timeout} s") from None
+        finally:
+            loop.remove_reader(ready)
+        if os.read(ready, 1) != b"1":
+            raise SandboxBootError(f"the user namespace wrapper failed: {_tail(log)}")
+        if cgroup is not None:
+            await asyncio.to_thread(cgroup.attach, process.pid)
+        await self.prepared.subids.map(process.pid, uid)
+        os.write(go, b"1")
+
     async def _populate(self, sandbox: LocalSandbox, commit: str | None) -> None:
         source = self.spec.workspace
         if isinstance(source, DirectoryWorkspace):
             command = f"cp -R -P --preserve=mode,timestamps,links {_SEED_PATH}/. ."
         elif isinstance(source, GitWorkspace):
-            common = shlex.quote(str(self._git_common_dir))
             command = (
-                f"{_TRUST_SOURCE}git clone --quiet --shared --no-checkout {common} . && "
+                f"{_TRUST_SOURCE}git clone --quiet --shared --no-checkout {SOURCE_MOUNT} . && "
                 f"git -c advice.detachedHead=false checkout --quiet --detach {commit}"
             )
         else:
@@ -799,7 +953,9 @@ def _host_tmp() -> Path:
 
 
 def _uid_lock_dir() -> Path:
-    return _host_tmp() / "sandbox-uids"
+    """Shared by every process of the caller's (root's: every root process's) on the host."""
+    uid = os.geteuid()
+    return _host_tmp() / ("sandbox-uids" if uid == 0 else f"sandbox-uids-{uid}")
 
 
 def _state_root(config: LocalConfig) -> Path:
@@ -843,6 +999,44 @@ def _sweep(config: LocalConfig, cgroups: CgroupSupport) -> None:
     swept += cgroups.sweep(_owner.is_stale)
     if swept:
         logger.info("swept %d leftovers of sandboxes whose owner died", swept)
+
+
+def _spare_from_oom_killer(pid: int) -> None:
+    """Exempt init from the OOM killer (needs CAP_SYS_RESOURCE). Commands raise their score to
+    the top (_init.py), so a sandbox whose memory is full, of tmpfs files say, loses a command;
+    exempt, init also survives a fork that finds no memory left."""
+    with open(f"/proc/{pid}/oom_score_adj", "w") as adj:
+        adj.write("-1000")
+
+
+def _refuse_sockets(roots: Sequence[Path]) -> None:
+    """Refuse binds that hold a Unix socket: a read-only mount does not stop `connect()`, and
+    a path socket is reached across network namespaces, so a host service listening in a bound
+    tree would be reachable from inside. Links are not followed (inside they resolve in the
+    sandbox's own tree)."""
+    for root in roots:
+        stack = [root]
+        while stack:
+            path = stack.pop()
+            mode = path.lstat().st_mode
+            if stat.S_ISSOCK(mode):
+                raise UnsupportedSpecError(
+                    f"cannot bind {root}: it holds a Unix socket ({path}), which a read-only "
+                    "mount does not stop commands from connecting to"
+                )
+            if not stat.S_ISDIR(mode):
+                continue
+            try:
+                entries = os.scandir(path)
+            except PermissionError:
+                continue  # commands (never more privileged than this caller) cannot pass either
+            with entries:
+                for entry in entries:
+                    # d_type answers for directories, files and links without a stat call.
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif not entry.is_file(follow_symlinks=False) and not entry.is_symlink():
+                        stack.append(Path(entry.path))  # a socket, FIFO or device: look
 
 
 def _materialize_on_host(spec: SandboxSpec, workspace: Path, home: Path) -> None:

@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from sandbox._result import ExecResult, ScriptResult
-from sandbox._spec import SandboxSpec
+from sandbox._spec import DEFAULT_READ_BYTES, SandboxSpec
 
 
 @runtime_checkable
@@ -22,7 +22,8 @@ class Process(Protocol):
 
     @property
     def stdout_path(self) -> Path:
-        """Host file receiving the process's stdout as it is written."""
+        """Host file receiving the process's stdout as it is written, up to the spec's
+        `ResourceLimits.max_output_bytes` (the process's result then names that limit)."""
         ...
 
     @property
@@ -108,16 +109,20 @@ class Sandbox(Protocol):
         the agent's change, reading a report); pair it with `kill_all` first."""
         ...
 
-    async def read_file(self, path: str) -> bytes:
-        """Read a file inside the sandbox; raises SandboxFileNotFoundError if it is missing."""
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_BYTES) -> bytes:
+        """Read a regular file inside the sandbox, as the sandbox sees it. Raises
+        SandboxFileNotFoundError if it is missing, SandboxCommandError if it is not a regular
+        file (a FIFO or device planted there would block or never end) or holds more than
+        `max_bytes`."""
         ...
 
-    async def read_text(self, path: str) -> str:
+    async def read_text(self, path: str, *, max_bytes: int = DEFAULT_READ_BYTES) -> str:
         """`read_file` decoded as UTF-8 (strict: a decoding error is raised, never hidden)."""
         ...
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write a file inside the sandbox, creating parent directories."""
+        """Write a regular file inside the sandbox, creating parent directories; raises
+        SandboxCommandError if the path is something else (a FIFO, a device)."""
         ...
 
     async def close(self) -> None:

@@ -25,7 +25,9 @@ class GitWorkspace:
     """Start with a checkout of `commit` from the local repository `repo` (see workspace.py).
 
     The checkout shares the source's object store read-only, so creating it is cheap and the
-    agent can neither read nor corrupt anything of the source beyond its objects.
+    agent can neither read nor corrupt anything of the source beyond its objects: its config
+    (a remote's credentials), hooks, reflogs and refs are not mounted. Every object is, though,
+    by its id: give it a repository that holds only what the agent may see.
     """
 
     repo: Path
@@ -70,6 +72,9 @@ class ReadOnlyBind:
 
 
 GiB = 1 << 30
+MiB = 1 << 20
+DEFAULT_READ_BYTES = 256 * MiB
+"""The largest file `Sandbox.read_file` returns unless told otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +89,12 @@ class ResourceLimits:
     """
 
     max_processes: int | None = 2048
-    """Processes and threads of the whole sandbox at once (cgroup pids.max)."""
+    """Processes and threads of the whole sandbox at once (cgroup pids.max). Without a pids
+    cgroup: RLIMIT_NPROC, counted per host user (shared by a non-root caller's sandboxes)."""
     memory_bytes: int | None = 8 * GiB
-    """Memory of the whole sandbox, tmpfs files included (cgroup memory limit)."""
+    """Memory of the whole sandbox, tmpfs files included (cgroup memory limit); a command is
+    the OOM killer's first choice, never init. Without a memory cgroup: RLIMIT_DATA per
+    process, and tmpfs files count only against their own sizes."""
     cpu_cores: float | None = None
     """CPU bandwidth of the whole sandbox in cores (cgroup cpu quota); None: a fair share."""
     cpu_seconds: int | None = None
@@ -99,6 +107,9 @@ class ResourceLimits:
     """Open files per process (RLIMIT_NOFILE)."""
     max_file_size_bytes: int | None = None
     """Largest file any process may write (RLIMIT_FSIZE: SIGXFSZ)."""
+    max_output_bytes: int | None = 64 * MiB
+    """Output kept of each stream (stdout, stderr) of each command; the rest is read and
+    dropped, never stored on the host, and the command reports this limit hit."""
     max_connections: int | None = 256
     """Connections to the forwarded endpoint relayed at once; more are closed at once (each
     costs the host descriptors)."""

@@ -1,4 +1,5 @@
-"""How root starts bubblewrap as a sandbox's unprivileged uid without losing its bind sources.
+"""How root starts bubblewrap as a sandbox's unprivileged uid without losing its bind sources
+(and so does root of a non-root caller's user namespace: _subids.py).
 
 bubblewrap runs as the sandbox's own uid (never root: see _uids.py), and it resolves every
 bind source as that uid. Sources under a directory only root may enter (a project or an npm
@@ -36,14 +37,17 @@ exec setpriv --reuid="$uid" --regid="$uid" --clear-groups -- "$@"
 
 
 def stage_dir(temp_root: Path) -> Path:
-    """The staging mount point: a root-owned directory, never a link someone planted."""
-    path = temp_root / "sandbox-stage"
+    """The staging mount point: a directory of the caller's (root's: `sandbox-stage`, another
+    user's: `sandbox-stage-<uid>`) that every sandbox uid may traverse and nobody else may
+    change; never a link someone planted."""
+    uid = os.geteuid()
+    path = temp_root / ("sandbox-stage" if uid == 0 else f"sandbox-stage-{uid}")
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o711)
     info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022:
         raise SandboxUnavailableError(
-            f"{path} must be a directory owned by root and writable only by it"
+            f"{path} must be a directory owned by uid {uid} and writable only by it"
         )
     return path
 
