@@ -52,6 +52,10 @@ class RecordingProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.exchanges: list[Exchange] = []
+        self.streamed: list[int] = []
+        """Bytes relayed so far of each streamed response, in the order they started: a test
+        can wait until a reply is really being generated (the adapter writes nothing of a
+        streamed reply before the engine produced its first token)."""
         self._client: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
@@ -109,8 +113,11 @@ class RecordingProxy:
                 status=upstream.status, headers=_relayed(upstream.headers)
             )
             await response.prepare(request)
+            index = len(self.streamed)
+            self.streamed.append(0)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
+                self.streamed[index] += len(chunk)
             await response.write_eof()
             self._record(request, upstream.status, None)
             return response
