@@ -16,6 +16,7 @@ import pytest
 from protocol_adapters import Vocabulary
 from swe_rl.viewer import Chromium, ChromiumConfig, ChromiumError, screenshot, write_viewer
 from swe_rl.viewer.chromium import READY, Page
+from swe_rl.viewer.legend import REASONS
 from trajectory_tree import linearize
 
 from .test_viewer_kit import (
@@ -125,7 +126,7 @@ def test_the_run_renders_from_the_file_alone(page: Page, viewer: Path) -> None:
     legend = page.evaluate(
         "Array.from(document.querySelectorAll('.chip.reason')).map(c => c.dataset.reason)"
     )
-    assert len(legend) == 11
+    assert legend == [str(reason) for reason in REASONS]  # every reason, in the legend's order
     assert legend[0] == "generated"
     # Nothing of an episode is built before it is opened.
     assert page.evaluate("document.querySelectorAll('.ep-body > *').length") == 0

@@ -26,6 +26,8 @@ from protocol_adapters._server.sessions import ContextTooLarge, SessionLimits
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.stack import VocabularyTokenizer, local_stack
+from trajectory_tree import LossReason
+from trajectory_tree import summarize as summarize_tree
 
 from .server_clients import (
     DIALECTS,
@@ -223,3 +225,52 @@ async def test_a_huge_prompt_is_refused_after_the_limit_not_at_its_end(
     assert encoded < len(huge) / 10
     assert stack.double.requests == []
     assert session.tree.turns == []
+
+
+async def test_a_request_resent_without_its_oldest_messages_is_noted_and_never_trained(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """Refused as too long, Claude Code resends its compaction request without the oldest
+    messages, the task first: what the model writes then was written without the task. The
+    turn is recorded with a note saying so and excluded from training; another agent's
+    request, or one that is no shortened resend, is not."""
+    task = {"role": "user", "content": "THE TASK: fix the parser " + "detail " * 400}
+    middle = [
+        {"role": "assistant", "content": "looking"},
+        {"role": "user", "content": "more " * 50},
+    ]
+    summarize = {"role": "user", "content": "Summarize the conversation so far."}
+    async with local_stack(
+        always_ok,
+        tokenizer_cache=tokenizer_cache,
+        vocabulary=qwen_vocabulary,
+        engine_context_length=400,
+    ) as stack:
+        session = stack.server.sessions.open("shortened")
+        async with anthropic_client(stack, session.token) as api:
+
+            async def ask(messages: list[dict[str, str]], agent: str | None = None) -> None:
+                headers = {"x-claude-code-agent-id": agent} if agent else {}
+                await api.messages.create(
+                    model="policy",
+                    max_tokens=16,
+                    system="agent",
+                    messages=messages,  # type: ignore[arg-type]
+                    extra_headers=headers,
+                )
+
+            with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
+                await ask([task, *middle, summarize])
+            await ask([{"role": "user", "content": "a sub-agent's own request"}], agent="a1")
+            await ask([middle[1], summarize])  # the resend: the task and one reply dropped
+            await ask([{"role": "user", "content": "go on from the summary"}])
+    sub_agent, resent, after = session.tree.turns
+    assert resent.meta.extra["history_dropped"] == (
+        "resent without its first 2 of 4 messages after a too-long refusal; "
+        "the first user message (the task) among them"
+    )
+    assert "history_dropped" not in sub_agent.meta.extra
+    assert "history_dropped" not in after.meta.extra
+    summary = summarize_tree(session.tree)
+    assert summary.history_dropped == 1
+    assert summary.excluded_tokens == {LossReason.HISTORY_DROPPED: resent.output_length}

@@ -3,15 +3,16 @@ early stop once a limit is passed (a 20 MB request is refused after the limit, n
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import Regex, Tokenizer, pre_tokenizers
 
 from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
+from protocol_adapters._tokenizer import pieces as pieces_module
 from protocol_adapters._tokenizer import vocabulary as vocabulary_module
 
 SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
@@ -104,18 +105,97 @@ def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
     assert qwen_vocabulary.encode("short", max_tokens=2) == qwen_vocabulary.encode("short")
 
 
-def test_a_tokenizer_without_qwens_split_is_encoded_in_one_piece(
-    small_pieces: None,
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+O200K_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    """A regex split then the byte-level mapping, as Llama 3's and GPT-OSS's tokenizers do."""
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def gpt2_bytes() -> pre_tokenizers.PreTokenizer:
+    """GPT-2's byte-level pre-tokenizer, its regex built in."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+OTHER_PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
+    "gpt2": gpt2_bytes,
+    "llama3": lambda: split_then_bytes(LLAMA3_SPLIT),
+    "o200k": lambda: split_then_bytes(O200K_SPLIT),
+}
+
+
+@pytest.fixture(params=sorted(OTHER_PRE_TOKENIZERS))
+def other_vocabulary(request: pytest.FixtureRequest, qwen_vocabulary: Vocabulary) -> Vocabulary:
+    """Qwen3's real BPE model and added tokens behind another family's pre-tokenizer."""
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.pre_tokenizer = OTHER_PRE_TOKENIZERS[request.param]()
+    return Vocabulary(tokenizer, request.param)
+
+
+def test_other_pre_tokenizers_get_their_own_cuts(other_vocabulary: Vocabulary) -> None:
+    assert isinstance(other_vocabulary._cut, pieces_module.PreTokenizerCuts)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=TEXTS | st.text(max_size=300))
+def test_pieces_cut_by_another_pre_tokenizer_encode_exactly(
+    other_vocabulary: Vocabulary, small_pieces: None, text: str
 ) -> None:
-    """Cut points are proven for Qwen's pre-tokenizer only; any other is encoded whole."""
-    tokenizer = Tokenizer.from_file(str(SMALL))
-    assert vocabulary_module._splits_like_qwen(tokenizer)
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    assert json.loads(tokenizer.pre_tokenizer.__getstate__())["type"] == "ByteLevel"
-    assert not vocabulary_module._splits_like_qwen(tokenizer)  # GPT-2's regex: \s+(?!\S) differs
-    other = Vocabulary(tokenizer, "gpt2-split")
+    assert other_vocabulary.encode_with_offsets(text) == one_encode(other_vocabulary, text)
+
+
+def test_another_pre_tokenizer_stops_early_too(other_vocabulary: Vocabulary) -> None:
+    text = "print('hello world', 12345)\n" * 200_000  # 5.6 MB
+    with pytest.raises(TooManyTokens) as caught:
+        other_vocabulary.count(text, max_tokens=32768)
+    assert caught.value.counted <= 32768 + other_vocabulary.count(text[:40_000])
+
+
+@pytest.mark.parametrize(
+    "pre_tokenizer",
+    [
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),  # a space added first
+        pre_tokenizers.Metaspace(prepend_scheme="first"),  # "▁" before the first piece only
+        pre_tokenizers.Split(Regex(r"(?<=a)b"), behavior="isolated"),  # looks back
+    ],
+)
+def test_a_pre_tokenizer_whose_pieces_could_differ_is_encoded_whole(
+    qwen_vocabulary: Vocabulary, small_pieces: None, pre_tokenizer: pre_tokenizers.PreTokenizer
+) -> None:
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.pre_tokenizer = pre_tokenizer
+    whole = Vocabulary(tokenizer, "uncut")
+    assert whole._cut is None
     text = "x \n\nfoo bar 12\n" * 20
-    assert other.encode_with_offsets(text) == one_encode(other, text)
+    assert whole.encode_with_offsets(text) == one_encode(whole, text)
+
+
+def test_a_cutter_that_fails_the_check_at_load_is_not_used(
+    qwen_vocabulary: Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load check is what stands behind a generic cutter: one that cuts where the
+    tokenizer would not (here: anywhere) must be refused."""
+    monkeypatch.setattr(
+        pieces_module.PreTokenizerCuts, "__call__", lambda self, text, start, size: start + 1
+    )
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.pre_tokenizer = OTHER_PRE_TOKENIZERS["gpt2"]()
+    assert Vocabulary(tokenizer, "gpt2")._cut is None
 
 
 @settings(max_examples=200, deadline=None)

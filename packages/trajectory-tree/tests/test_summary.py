@@ -5,7 +5,14 @@ from __future__ import annotations
 from invariants import check_session
 from session_kit import ChatFormat, Session, call, prompt, reply, system, tool_result, user
 
-from trajectory_tree import FinishReason, LengthLimit, LossReason, TurnMeta, summarize
+from trajectory_tree import (
+    FinishReason,
+    LengthLimit,
+    LossReason,
+    SessionSummary,
+    TurnMeta,
+    summarize,
+)
 
 
 def test_summary_counts_a_busy_session() -> None:
@@ -82,6 +89,7 @@ def test_summary_counts_a_busy_session() -> None:
         "prompt_mismatches",
         "outputs_kept",
         "cut_replies",
+        "history_dropped",
     ]
     assert as_dict["prompt_mismatches"] == {"the template's text differs": 1}
     assert as_dict["outputs_kept"] == {"turn 0's output is kept verbatim": 1}
@@ -101,3 +109,46 @@ def test_empty_session() -> None:
     s = Session()
     summary = summarize(s.tree)
     assert (summary.turns, summary.samples, summary.max_prompt_tokens) == (0, 0, 0)
+
+
+def test_a_summary_built_without_the_later_counts_has_none_of_them() -> None:
+    """``outputs_kept`` and ``cut_replies`` came after the other counts: a caller that builds a
+    summary without them (an older producer) gets none, not a made-up count."""
+    counts = dict.fromkeys(
+        (
+            "turns",
+            "branches",
+            "samples",
+            "generated_tokens",
+            "trained_tokens",
+            "tool_calls",
+            "malformed_tool_calls",
+            "aborted_turns",
+            "side_requests",
+            "rerendered_turns",
+            "max_prompt_tokens",
+        ),
+        0,
+    )
+    summary = SessionSummary(**counts, masked_tokens={}, excluded_tokens={}, prompt_mismatches={})
+    assert (summary.outputs_kept, summary.cut_replies, summary.history_dropped) == ({}, 0, 0)
+    assert summary == summarize(Session().tree)
+
+
+def test_a_turn_resent_without_its_oldest_history_is_never_trained() -> None:
+    """Claude Code and Codex shorten a compaction request refused as too long by dropping its
+    oldest messages, the task among them: the summary it gets back was written without the
+    task, so it is counted and excluded, not trained like any turn."""
+    s = Session()
+    sys, task = system("agent"), user("the task")
+    s.turn(prompt(sys, task), reply("working"))
+    dropped = TurnMeta(extra={"history_dropped": "2 of 5 messages, the first user message too"})
+    s.turn(prompt(sys, user("summarize")), reply("a summary without the task"), meta=dropped)
+    s.turn(prompt(sys, user("go on")), reply("done"))
+    lin = check_session(s)
+    summary = summarize(s.tree, lin)
+    summarized = s.tree.turns[1]
+    assert summary.history_dropped == 1
+    assert summary.excluded_tokens == {LossReason.HISTORY_DROPPED: summarized.output_length}
+    assert summary.trained_tokens == summary.generated_tokens - summarized.output_length
+    assert summary.as_dict()["history_dropped"] == 1

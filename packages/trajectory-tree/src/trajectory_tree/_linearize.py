@@ -21,6 +21,7 @@ from enum import StrEnum
 
 from ._reasons import FinishReason, LossReason
 from ._tree import Node, SessionTree
+from ._turns import HISTORY_DROPPED
 
 
 class LengthMode(StrEnum):
@@ -132,6 +133,8 @@ def turn_exclusions(tree: SessionTree) -> dict[int, LossReason]:
             excluded[turn.id] = LossReason.ABORTED
         elif turn.meta.side_request:
             excluded[turn.id] = LossReason.SIDE_REQUEST
+        elif HISTORY_DROPPED in turn.meta.extra:
+            excluded[turn.id] = LossReason.HISTORY_DROPPED
     for node in tree.nodes:
         answers = [(child, child.turn) for child in node.children if child.turn is not None]
         for leaf, turn in answers:

@@ -26,6 +26,9 @@ class LossReason(StrEnum):
     """Output the client never continued because it retried the same request."""
     SIDE_REQUEST = "side_request"
     """Output of a request the caller marked as not part of the policy's work (e.g. a title)."""
+    HISTORY_DROPPED = "history_dropped"
+    """Output of a request resent without the oldest part of its history after a too-long
+    refusal: written without what was dropped (the task, often)."""
     OVER_LENGTH = "over_length"
     """Generated tokens cut or dropped by the sample length limit."""
     NOT_FINAL_BRANCH = "not_final_branch"
@@ -41,6 +44,11 @@ class FinishReason(StrEnum):
 
 
 TURN_EXCLUSIONS: frozenset[LossReason] = frozenset(
-    (LossReason.ABORTED, LossReason.ABANDONED_RETRY, LossReason.SIDE_REQUEST)
+    (
+        LossReason.ABORTED,
+        LossReason.ABANDONED_RETRY,
+        LossReason.SIDE_REQUEST,
+        LossReason.HISTORY_DROPPED,
+    )
 )
 """Reasons that exclude a whole turn's output from training, decided per turn."""

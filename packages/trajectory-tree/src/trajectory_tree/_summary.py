@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ._linearize import Linearization, linearize
 from ._reasons import FinishReason, LossReason
 from ._tree import SessionTree
-from ._turns import OUTPUT_KEPT, PROMPT_MISMATCH, Turn
+from ._turns import HISTORY_DROPPED, OUTPUT_KEPT, PROMPT_MISMATCH, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,9 @@ class SessionSummary:
     cut_replies: int = 0
     """Turns the engine stopped at a length limit (``max_new_tokens`` or the context), not at
     the model's own end: trained like any turn, counted so a run sees how often it happens."""
+    history_dropped: int = 0
+    """Turns whose request was resent without the oldest part of its history after a too-long
+    refusal (``TurnMeta.extra["history_dropped"]``): never trained."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -61,6 +64,7 @@ class SessionSummary:
             "prompt_mismatches": dict(sorted(self.prompt_mismatches.items())),
             "outputs_kept": dict(sorted(self.outputs_kept.items())),
             "cut_replies": self.cut_replies,
+            "history_dropped": self.history_dropped,
         }
 
 
@@ -89,6 +93,7 @@ def summarize(tree: SessionTree, linearization: Linearization | None = None) -> 
         max_prompt_tokens=max((t.prompt_length for t in turns), default=0),
         prompt_mismatches=_noted(turns, PROMPT_MISMATCH),
         outputs_kept=_noted(turns, OUTPUT_KEPT),
+        history_dropped=sum(1 for t in turns if HISTORY_DROPPED in t.meta.extra),
     )
 
 

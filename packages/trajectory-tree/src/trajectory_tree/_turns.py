@@ -38,6 +38,11 @@ class Completion:
 PROMPT_MISMATCH = "prompt_mismatch"
 """The ``TurnMeta.extra`` key of a prompt-mismatch reason (written by a renderer): the prompt's
 template text differs from the chat template's own render."""
+HISTORY_DROPPED = "history_dropped"
+"""The ``TurnMeta.extra`` key saying the client sent this request again without the oldest part
+of its history after it was refused as too long (how Claude Code and Codex shorten a compaction
+request): the output was written without what was dropped, the task often among it, and is
+never trained (:attr:`LossReason.HISTORY_DROPPED`). The value says what was dropped."""
 OUTPUT_KEPT = "output_kept"
 """The ``TurnMeta.extra`` key of why an earlier reply in this turn's prompt is kept as the
 engine generated it where the chat template would render it differently (the model wrote it

@@ -48,6 +48,11 @@ REASONS: dict[LossReason, ReasonText] = {
     LossReason.SIDE_REQUEST: ReasonText(
         "side request", "Output of a call that is not the policy's work (a session title, say)."
     ),
+    LossReason.HISTORY_DROPPED: ReasonText(
+        "history dropped",
+        "Output of a request resent without its oldest messages (the task, often) after a "
+        "too-long refusal: written without them, never trained.",
+    ),
     LossReason.OVER_LENGTH: ReasonText(
         "over length", "Generated tokens cut or dropped by the sample length limit."
     ),

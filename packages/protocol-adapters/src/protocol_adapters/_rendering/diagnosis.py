@@ -99,6 +99,10 @@ def unclosed(history: str, closing: str, messages: Sequence[Message], reply: int
     )
 
 
+REASONING_DROPPED = "drops the reasoning of earlier assistant turns once a later message arrives"
+"""The audit's finding for a template that leaves earlier replies' reasoning out of its render."""
+
+
 def rewrite(
     context: TemplateContext,
     earlier: str,
@@ -113,7 +117,7 @@ def rewrite(
     if any(m in earlier and m not in later for m in reasoning):
         return Finding(
             FindingKind.DEVIATION,
-            "drops the reasoning of earlier assistant turns once a later message arrives",
+            REASONING_DROPPED,
             "bridged prompts keep the model's reasoning where the template's render drops it",
         )
     suffix = earlier[at:]

@@ -37,26 +37,30 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
 from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import (
+    Block,
     BridgedPrompt,
     FullPrompt,
     LossReason,
     Message,
     Prompt,
+    Reasoning,
     Route,
     Segment,
     SessionTree,
+    Text,
+    ToolCall,
 )
 
 from .audit import PARALLEL_CALLS_REFUSED, audit_template
 from .check import Mismatch, Place, check_bridge, check_reply
 from .conversation import Slot, TemplateContext, bridge_text
-from .diagnosis import GENERATION_PROMPT_DIFFERS
+from .diagnosis import GENERATION_PROMPT_DIFFERS, REASONING_DROPPED
 from .scaffold import closing_scaffold
 from .segments import label_text, segment_ids
 from .stats import BridgeStats, StatsRecorder
@@ -143,6 +147,7 @@ class Renderer:
         self.config = config or RendererConfig()
         self.audit: TemplateAudit = audit_template(template)
         enforce(self.audit, self.config.mode)
+        self._drops_reasoning = any(f.feature == REASONING_DROPPED for f in self.audit.findings)
         self._notes: dict[str, str] = {}
         if self.config.mode is not TemplateMode.EXACT:
             self._notes[TEMPLATE_MODE] = self.config.mode.value
@@ -349,7 +354,41 @@ class Renderer:
     ) -> RenderedPrompt:
         self._stats.bridged()
         notes = self._turn_notes(now, mismatch)
+        if OUTPUT_KEPT not in notes:
+            kept = self._reasoning_kept(route, now) or _kept_on_path(route)
+            if kept is not None:
+                notes[OUTPUT_KEPT] = kept
         return RenderedPrompt(bridged, self._ids(route, bridged), checked, notes)
+
+    def _reasoning_kept(self, route: Route, now: datetime | None) -> str | None:
+        """:data:`REASONING_KEPT` when this template leaves out the reasoning of a reply the
+        engine generated on ``route``'s path (the bridged prompt keeps it, as generated). Told
+        by rendering the conversation's skeleton (short stand-ins for every text, a marker for
+        every reasoning): the template decides by the conversation's shape, so this costs the
+        number of messages, not their length, and runs on every turn, not on sampled ones."""
+        if not self._drops_reasoning:
+            return None
+        nodes = route.anchor.path()[1:]
+        messages = route.prompt.messages[: route.matched]
+        generated = {
+            index
+            for index, (node, message) in enumerate(zip(nodes, messages, strict=False))
+            if node.turn is not None and any(isinstance(b, Reasoning) for b in message.content)
+        }
+        if not generated:
+            return None
+        skeleton = [
+            _skeleton(message, index) for index, message in enumerate(route.prompt.messages)
+        ]
+        try:
+            text = self._context(route.prompt, now).render(
+                skeleton, add_generation_prompt=False, names=call_names(skeleton)
+            )
+        except TemplateError:
+            return None
+        if all(_marker(index) in text for index in generated):
+            return None
+        return REASONING_KEPT
 
     def _turn_notes(self, now: datetime | None, mismatch: Mismatch | None) -> dict[str, str]:
         notes = dict(self._notes)
@@ -400,6 +439,42 @@ class Renderer:
             while len(self._contexts) > self.config.context_cache_size:
                 self._contexts.popitem(last=False)
         return context
+
+
+REASONING_KEPT = "the template leaves out earlier replies' reasoning; the model's is kept verbatim"
+"""The :data:`OUTPUT_KEPT` note of a turn whose prompt holds reasoning the template drops."""
+KEPT_EARLIER = "an output kept verbatim in an earlier turn's prompt is in this prompt too"
+"""The :data:`OUTPUT_KEPT` note of every turn whose prompt extends one that kept an output (a
+template that drops earlier reasoning, say): its prompt differs from the template's render for
+the same reason, so it is counted too, not only the turn where the difference first showed."""
+
+
+def _marker(index: int) -> str:
+    return f"@@reasoning-{index}@@"
+
+
+def _skeleton(message: Message, index: int) -> Message:
+    """``message`` with the same shape and none of its length: texts and arguments replaced by
+    stand-ins, its reasoning by a marker naming its position."""
+    blocks: list[Block] = []
+    for block in message.content:
+        if isinstance(block, Reasoning):
+            blocks.append(Reasoning(_marker(index)))
+        elif isinstance(block, ToolCall):
+            blocks.append(ToolCall(block.id, block.name, "{}"))
+        elif isinstance(block, Text):
+            blocks.append(Text("x"))
+        else:
+            blocks.append(block)
+    return replace(message, content=tuple(blocks))
+
+
+def _kept_on_path(route: Route) -> str | None:
+    """:data:`KEPT_EARLIER` when a turn on ``route``'s path was noted for a kept output."""
+    for node in route.anchor.path():
+        if node.turn is not None and OUTPUT_KEPT in node.turn.meta.extra:
+            return KEPT_EARLIER
+    return None
 
 
 def _names_for(messages: Sequence[Message], matched: int) -> dict[str, str]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import SessionTree
 
+from .shortened import Refused
+
 MIN_CONTEXT_TOKENS = 3
 """Room for one prompt token and one generated token under SGLang's rule (see ``Session``)."""
 
@@ -71,6 +73,9 @@ class Session:
     """Calls admitted and not yet settled. They count against the cap until they settle, so
     concurrent calls can never overshoot it."""
     closed: bool = False
+    refused: dict[str | None, Refused] = field(default_factory=dict)
+    """Each agent's last request refused as too long, to tell its shortened resend
+    (shortened.py); keyed by agent id (None: the main agent)."""
     _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:

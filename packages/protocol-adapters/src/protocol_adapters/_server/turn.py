@@ -52,6 +52,7 @@ from .config import AdapterConfig, RolloutSampling
 from .logprobs import token_logprobs
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
 from .sessions import Session
+from .shortened import HISTORY_DROPPED, Refused, dropped_history
 from .side_requests import side_request
 from .workers import Workers
 
@@ -213,12 +214,21 @@ class TurnRunner:
             session.settle(answered=answered)
 
     async def _prepare(
-        self, session: Session, request: NeutralRequest
+        self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
     ) -> tuple[Route, RenderedPrompt, GenerateRequest, dict[str, str]]:
         route = session.tree.route(request.prompt)
-        rendered, engine_request, record = await self._workers.run(
-            request.body_bytes, self._build, session, request, route
-        )
+        agent = headers.get(AGENT_ID_HEADER)
+        try:
+            rendered, engine_request, record = await self._workers.run(
+                request.body_bytes, self._build, session, request, route
+            )
+        except AdapterError as exc:
+            if exc.kind is ErrorKind.CONTEXT_LENGTH:
+                session.refused[agent] = Refused.of(request.prompt)
+            raise
+        dropped = dropped_history(session.refused.pop(agent, None), request.prompt)
+        if dropped is not None:
+            record[HISTORY_DROPPED] = dropped
         return route, rendered, engine_request, record
 
     def _build(
@@ -309,7 +319,7 @@ class TurnRunner:
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
     ) -> TurnOutcome:
         started = time.time()
-        route, rendered, engine_request, record = await self._prepare(session, request)
+        route, rendered, engine_request, record = await self._prepare(session, request, headers)
         replay = self._replay(route, headers)
         if replay is not None:
             return self._replayed(route, replay, request)
@@ -350,7 +360,7 @@ class TurnRunner:
         self, session: Session, request: NeutralRequest, headers: Mapping[str, str]
     ) -> AsyncGenerator[StreamItem, None]:
         started = time.time()
-        route, rendered, engine_request, record = await self._prepare(session, request)
+        route, rendered, engine_request, record = await self._prepare(session, request, headers)
         replay = self._replay(route, headers)
         if replay is not None:
             outcome = self._replayed(route, replay, request)

@@ -13,30 +13,20 @@ Long text is encoded in pieces, one after the other: a 20 MB request costs a few
 memory at a time, encoding can stop as soon as a limit is passed, and one request's tokenizing
 keeps to one core (the event loop and the other sessions keep the rest). The pieces are cut only
 where the pre-tokenizer always splits, so they encode exactly as the whole text does (see
-:data:`PIECE_CUTS`).
+pieces.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from .byte_level import QWEN_SPLIT_PATTERN, byte_to_unicode
+from .byte_level import byte_to_unicode
+from .pieces import cutter_for
 from .special_tokens import END_OF_TEXT, END_OF_TURN
-
-PIECE_CUTS = re.compile(r"(?<=\n)(?=[!-~\w])|(?<=[!-~\w])(?=[ 0-9])")
-"""Where Qwen's pre-tokenizer regex (:data:`QWEN_SPLIT_PATTERN`) always ends a pre-token: after a
-newline and before a character that is not whitespace (``\\s*[\\r\\n]+`` and the punctuation
-rule both end at the last newline), and after a character that is not whitespace, before a space
-or an ASCII digit (no rule continues a pre-token into a space or a digit; digits stand alone).
-Matching from a cut onward never looks back, and NFC never composes across these characters, so
-text cut here pre-tokenizes, and therefore encodes, exactly as the whole text does. The
-characters are ASCII or word characters, where Python's and Unicode's ideas of whitespace agree.
-"""
 
 PIECE_CHARS = 32_768
 """Target size of one counted piece (a piece runs to the first cut after it)."""
@@ -65,8 +55,8 @@ class Vocabulary:
     __slots__ = (
         "_added_ids",
         "_byte_level",
+        "_cut",
         "_longest",
-        "_piecewise",
         "_stop_ids",
         "name",
         "tokenizer",
@@ -82,7 +72,7 @@ class Vocabulary:
         self.name = name
         self._added_ids = frozenset(tokenizer.get_added_tokens_decoder())
         self._stop_ids = frozenset(self.token_id(t) for t in stop_tokens)
-        self._piecewise = _splits_like_qwen(tokenizer)
+        self._cut = cutter_for(tokenizer)
         decoder = tokenizer.decoder
         self._byte_level = (
             decoder is not None and json.loads(decoder.__getstate__()).get("type") == "ByteLevel"
@@ -135,12 +125,17 @@ class Vocabulary:
     def at_least(self, text: str) -> int:
         """A lower bound of the tokens ``text`` encodes to, found without encoding it: no token
         stands for more input than the longest one (normalizing aside, see NORMALIZED_SHRINK)."""
+        encoded = len(text.encode("utf-8", "surrogatepass"))
+        return encoded // (self._longest_bytes() * NORMALIZED_SHRINK)
+
+    def _longest_bytes(self) -> int:
+        """UTF-8 bytes of the longest token's text (a byte-level token's characters are bytes),
+        found on first use."""
         if not self._longest:
             self._longest = self._longest_token_bytes()
-        return len(text.encode("utf-8", "surrogatepass")) // (self._longest * NORMALIZED_SHRINK)
+        return self._longest
 
     def _longest_token_bytes(self) -> int:
-        """UTF-8 bytes of the longest token's text (a byte-level token's characters are bytes)."""
         tokens = self.tokenizer.get_vocab(True)
         if self._byte_level:
             return max((len(token) for token in tokens), default=1)
@@ -148,17 +143,24 @@ class Vocabulary:
 
     def _encoded(self, text: str, max_tokens: int | None) -> Iterator[tuple[int, Encoding]]:
         """``(start, encoding)`` of each piece of ``text``; raises :class:`TooManyTokens` at the
-        piece that passes ``max_tokens``, or before encoding a piece that must pass it (a 20 MB
-        word, or a whole text a pre-tokenizer other than Qwen's cannot be cut in): the cost of a
-        prompt over the limit is bounded by the limit, never by its size. Text is cut in pieces
-        only where Qwen's pre-tokenizer always splits; any other vocabulary encodes in one piece
-        (exact, bounded only by that check)."""
-        if not self._piecewise or len(text) <= PIECE_CHARS:
-            pieces: Iterator[tuple[int, str]] = iter(((0, text),))
-        else:
-            pieces = _pieces(text)
+        piece that passes ``max_tokens``, or before looking for a cut in, or encoding, text that
+        must pass it (a 20 MB word, or text a tokenizer without a sound cutter cannot be cut
+        in): the cost of a prompt over the limit is bounded by the limit, never by its size.
+        Text is cut only where it encodes exactly as the whole (pieces.py); a tokenizer without
+        such cuts encodes in one piece (exact, bounded only by that check)."""
         total = 0
-        for start, piece in pieces:
+        start = 0
+        while True:
+            rest = len(text) - start
+            if max_tokens is not None and rest > PIECE_CHARS:
+                # Characters are at least bytes: a bound of the rest without encoding it.
+                bound = total + rest // (self._longest_bytes() * NORMALIZED_SHRINK)
+                if bound > max_tokens:
+                    raise TooManyTokens(bound)
+            end = len(text)
+            if self._cut is not None and rest > PIECE_CHARS:
+                end = self._cut(text, start, PIECE_CHARS)
+            piece = text[start:end]
             if max_tokens is not None and len(piece) > PIECE_CHARS:
                 bound = total + self.at_least(piece)
                 if bound > max_tokens:
@@ -168,6 +170,9 @@ class Vocabulary:
             if max_tokens is not None and total > max_tokens:
                 raise TooManyTokens(total)
             yield start, encoding
+            start = end
+            if start >= len(text):
+                return
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with every special token spelled out (nothing skipped)."""
@@ -198,34 +203,3 @@ class Vocabulary:
 
     def __repr__(self) -> str:
         return f"Vocabulary({self.name!r}, size={self.size})"
-
-
-def _splits_like_qwen(tokenizer: Tokenizer) -> bool:
-    """Whether :data:`PIECE_CUTS` is sound for ``tokenizer``: NFC (or no normalizer), Qwen's split
-    regex then byte-level mapping, and no added token containing a space or a newline."""
-    normalizer = tokenizer.normalizer
-    if normalizer is not None and json.loads(normalizer.__getstate__()) != {"type": "NFC"}:
-        return False
-    pre_tokenizer = tokenizer.pre_tokenizer
-    if pre_tokenizer is None:
-        return False
-    steps = json.loads(pre_tokenizer.__getstate__()).get("pretokenizers", [])
-    if [step.get("type") for step in steps] != ["Split", "ByteLevel"]:
-        return False
-    if steps[0].get("pattern") != {"Regex": QWEN_SPLIT_PATTERN} or steps[1].get("use_regex"):
-        return False
-    return not any(
-        " " in token.content or "\n" in token.content
-        for token in tokenizer.get_added_tokens_decoder().values()
-    )
-
-
-def _pieces(text: str) -> Iterator[tuple[int, str]]:
-    """``(start, piece)``: ``text`` in pieces of at least :data:`PIECE_CHARS` characters (the
-    last may be shorter), each ending at a cut of :data:`PIECE_CUTS`."""
-    start = 0
-    while start < len(text):
-        cut = PIECE_CUTS.search(text, start + PIECE_CHARS)
-        end = cut.start() if cut is not None else len(text)
-        yield start, text[start:end]
-        start = end

@@ -601,6 +601,7 @@
     for (const [cls, label] of [
       ["trained", "trained"], ["partial", "partly cut by length"], ["context-only", "not trained"],
       ["aborted", "aborted"], ["abandoned_retry", "abandoned retry"], ["side_request", "side request"],
+      ["history_dropped", "history dropped"],
       ["untrained", "episode aborted"], ["trained root", "starts a conversation at the root"],
     ]) {
       const item = h("span");
