@@ -127,6 +127,25 @@ def test_round_trip_is_exact() -> None:
     assert first.meta.extra == {"k": "v"}
 
 
+def test_a_snapshot_is_the_tree_then_and_stays_so() -> None:
+    """A snapshot serializes, routes and linearizes as the tree did when it was taken, and the
+    session recording more turns (a retry touches an old branch, a new turn adds nodes and a
+    child to an existing one) changes nothing in it."""
+    s, probes = busy_session()
+    before = dumps(s.tree)
+    snapshot = s.tree.snapshot()
+    assert dumps(snapshot) == before
+    assert linearize(snapshot) == linearize(s.tree)
+    routes = [where(s.tree.route(probe)) for probe in probes]
+    assert [where(snapshot.route(probe)) for probe in probes] == routes
+    s.turn(prompt(*AFTER, enable_thinking="true"), reply("third try"))
+    s.turn(prompt(SYS, user("z"), reply("cut"), user("on")), reply("more"))
+    assert dumps(s.tree) != before
+    assert dumps(snapshot) == before
+    assert [where(snapshot.route(probe)) for probe in probes] == routes
+    assert len(snapshot.nodes) < len(s.tree.nodes)
+
+
 @pytest.mark.parametrize("limit", [None, LengthLimit(40)])
 def test_round_trip_gives_identical_samples(limit: LengthLimit | None) -> None:
     s, _ = busy_session()

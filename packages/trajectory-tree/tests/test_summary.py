@@ -114,23 +114,22 @@ def test_empty_session() -> None:
 def test_a_summary_built_without_the_later_counts_has_none_of_them() -> None:
     """``outputs_kept`` and ``cut_replies`` came after the other counts: a caller that builds a
     summary without them (an older producer) gets none, not a made-up count."""
-    counts = dict.fromkeys(
-        (
-            "turns",
-            "branches",
-            "samples",
-            "generated_tokens",
-            "trained_tokens",
-            "tool_calls",
-            "malformed_tool_calls",
-            "aborted_turns",
-            "side_requests",
-            "rerendered_turns",
-            "max_prompt_tokens",
-        ),
-        0,
+    summary = SessionSummary(
+        turns=0,
+        branches=0,
+        samples=0,
+        generated_tokens=0,
+        trained_tokens=0,
+        masked_tokens={},
+        excluded_tokens={},
+        tool_calls=0,
+        malformed_tool_calls=0,
+        aborted_turns=0,
+        side_requests=0,
+        rerendered_turns=0,
+        max_prompt_tokens=0,
+        prompt_mismatches={},
     )
-    summary = SessionSummary(**counts, masked_tokens={}, excluded_tokens={}, prompt_mismatches={})
     assert (summary.outputs_kept, summary.cut_replies, summary.history_dropped) == ({}, 0, 0)
     assert summary == summarize(Session().tree)
 

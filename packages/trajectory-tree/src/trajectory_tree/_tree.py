@@ -39,7 +39,6 @@ class Node:
         "children",
         "context",
         "delta",
-        "depth",
         "id",
         "message",
         "parent",
@@ -66,7 +65,6 @@ class Node:
         self.turn: Turn | None = None
         self.context: Prompt | None = None
         self.aliases: list[tuple[str, ...]] = []
-        self.depth: int = 0 if parent is None else parent.depth + 1
 
     @property
     def is_boundary(self) -> bool:
@@ -171,6 +169,28 @@ class SessionTree:
 
     def node(self, node_id: int) -> Node:
         return self._nodes[node_id]
+
+    def snapshot(self) -> SessionTree:
+        """A copy that later recording leaves as it is, made in O(nodes), not O(tokens).
+
+        Messages, token arrays, prompts and turns never change once recorded, so the copy shares
+        them and builds only the links. A live session's tree (a million tokens) can then be
+        serialized on a worker thread while the event loop goes on recording turns in it.
+        """
+        copy = SessionTree(self.session_id)
+        twins = copy._nodes
+        for node in self._nodes:
+            parent = None if node.parent is None else twins[node.parent.id]
+            twin = Node(node.id, parent, node.message, node.delta, node.spans)
+            twin.touched, twin.turn, twin.context = node.touched, node.turn, node.context
+            twin.aliases = list(node.aliases)
+            twins.append(twin)
+        for node, twin in zip(self._nodes, twins, strict=True):
+            twin.children = [twins[child.id] for child in node.children]
+        copy._contexts = [(key, twins[root.id]) for key, root in self._contexts]
+        copy._turns = list(self._turns)
+        copy._clock = self._clock
+        return copy
 
     def leaves(self) -> Iterator[Node]:
         return (n for n in self._nodes if not n.children and n.parent is not None)

@@ -2,9 +2,11 @@
 
 A 200-turn Claude Code session holds about a million tokens; its JSON is ~10 MB and
 ``json.dumps`` writes it in one C call that keeps the GIL for a third of a second, on a worker
-thread as much as on the loop, while every other session's tokens wait. So the tree is
-snapshotted on the loop (plain data, the loop may record new turns right after) and the text is
-written on a thread one node at a time: the loop gets the GIL back between nodes.
+thread as much as on the loop, while every other session's tokens wait. So the loop takes only
+a snapshot of the tree (:meth:`~trajectory_tree.SessionTree.snapshot`: the links, O(nodes); the
+loop may record new turns right after), and a thread turns it into plain data (the token lists,
+tens of ms for a million tokens) and writes the text one node at a time: the loop gets the GIL
+back between nodes.
 
 The text is the same document :func:`trajectory_tree.dumps` writes, with every non-ASCII
 character escaped, so it is valid UTF-8 whatever the client sent (a lone surrogate included);
@@ -15,17 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 from trajectory_tree import SessionTree, tree_to_dict
 
 
 async def tree_json(tree: SessionTree) -> str:
     """The tree's JSON document (see the module docstring)."""
-    return await asyncio.to_thread(_write, tree_to_dict(tree))
+    return await asyncio.to_thread(_write, tree.snapshot())
 
 
-def _write(document: dict[str, Any]) -> str:
+def _write(snapshot: SessionTree) -> str:
+    document = tree_to_dict(snapshot)
     nodes = document.pop("nodes")
     head = _encode(document)[:-1]  # the other fields, without the closing brace
     separator = "," if document else ""
