@@ -97,6 +97,7 @@ def check_linearization(session: Session, lin: Linearization) -> dict[int, int]:
         trained_spans = [s for s in sample.spans if s.trained]
         assert trained_spans, "a sample trains something"
         assert sample.prompt_length == trained_spans[0].start
+        assert sample.response_length == len(tokens) - sample.prompt_length
         assert list(sample.trained_turns) == list(dict.fromkeys(s.turn for s in trained_spans))
         assert sample.trained_tokens == sum(len(s) for s in trained_spans)
     # 3. every generated token is trained exactly once or excluded with a reason

@@ -43,6 +43,10 @@ def test_a_linear_session_is_one_sample_training_every_turn() -> None:
     assert len(lin.samples) == 1
     assert lin.samples[0].trained_turns == (0, 1, 2, 3)
     assert lin.exclusions == ()
+    # the response is everything from the first generated token on: the prompt of turn 0 is not
+    sample = lin.samples[0]
+    assert sample.prompt_length == s.tree.turns[0].prompt_length
+    assert sample.response_length == len(sample.tokens) - s.tree.turns[0].prompt_length
 
 
 def test_reserialized_tool_arguments_do_not_branch() -> None:
@@ -179,9 +183,9 @@ def test_tools_of_a_turn_are_kept_with_its_context() -> None:
 
 
 def test_a_fork_sub_agent_never_takes_the_parent_turns_it_copies() -> None:
-    """Claude Code's fork sub-agent (an Agent call without a type) starts from a copy of the
-    parent's history, whose last reply it takes without its text, and finishes first. The
-    parent's earlier turns, on the fork's path too, are still trained in the parent's own
+    """Claude Code's fork sub-agent (an Agent call with `subagent_type: "fork"`) starts from a
+    copy of the parent's history, whose last reply it takes without its text, and finishes
+    first. The parent's earlier turns, on the fork's path too, are still trained in its own
     sample: a reward per sample credits each agent with its own work, never the fork with the
     parent's."""
     s = Session()
@@ -205,3 +209,22 @@ def test_a_fork_sub_agent_never_takes_the_parent_turns_it_copies() -> None:
 
     assert trained(3) == {0, 1, 3}  # the main agent's sample: all of its own turns
     assert trained(2) == {2}  # the fork's: only its own
+
+
+def test_the_request_of_a_turn_is_read_back_as_routed() -> None:
+    """A turn's request: every message before its reply in order (routing-only nodes included;
+    echoes as the replies were generated), without the reply itself or the context root."""
+    s = Session()
+    history = run_main(s, 2, echo=True)
+    last = s.turn(prompt(*history), reply("done"))
+    first, second = s.tree.turns[:2]
+    assert s.tree.request_messages(first) == [SYS, TASK]
+    assert s.tree.request_messages(last) == [
+        SYS,
+        TASK,
+        first.reply,
+        history[3],
+        second.reply,
+        history[5],
+    ]
+    assert history[2].key != first.reply.key, "the client's echo really differs"

@@ -19,3 +19,11 @@ def test_echo_with_js_number_formatting_matches_reply() -> None:
     )
     echo = Message("assistant", (ToolCall("c1", "bash", '{"cmd":"sleep 1","timeout":60000}'),))
     assert same_message(reply, echo)
+
+
+def test_integral_floats_beyond_javascripts_safe_integers_stay_floats() -> None:
+    """2**53 - 1 is the largest integer a JavaScript number holds exactly; from 2**53 on, a
+    float may stand for several integers, so it is not turned into one."""
+    assert canonical_json("[9007199254740991.0]") == "[9007199254740991]"
+    assert canonical_json("[9007199254740992.0]") == "[9007199254740992.0]"
+    assert canonical_json("[-9007199254740992.0]") == "[-9007199254740992.0]"

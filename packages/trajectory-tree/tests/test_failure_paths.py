@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from array import array
 from collections.abc import Callable
 
 import pytest
@@ -173,6 +175,39 @@ def test_aborted_retry_next_to_a_live_branch_is_not_trained() -> None:
     assert [x.trained_turns for x in lin.samples] == [(0, 1)]
 
 
+def test_ids_given_as_64_bit_arrays_are_recorded_as_given() -> None:
+    """numpy-style int64 buffers (``array('q')``) are converted, not stored as they come: the
+    tree's arrays are int32, and ids from either path read back exactly."""
+    s = Session()
+    wide = s.start(prompt(SYS, TASK), THINKING)
+    assert isinstance(wide.prompt, BridgedPrompt)
+    wide.prompt = BridgedPrompt(
+        [Segment(g.reason, array("q", g.ids)) for g in wide.prompt.segments],
+        array("q", wide.prompt.generation_prompt),
+    )
+    wide.completion = dataclasses.replace(
+        wide.completion, output_ids=array("q", wide.completion.output_ids)
+    )
+    first = s.finish(wide)
+    full = s.start(prompt(*AFTER), reply("ok"), full="fallback")
+    assert isinstance(full.prompt, FullPrompt)
+    full.prompt = dataclasses.replace(full.prompt, ids=array("q", full.prompt.ids))
+    full.completion = dataclasses.replace(
+        full.completion, output_ids=array("q", full.completion.output_ids)
+    )
+    second = s.finish(full)
+    assert second.rerendered is None
+    for turn in (first, second):
+        assert s.tree.output_ids(turn).typecode == "i"
+        assert s.tree.prompt_ids(turn).typecode == "i"
+    lin = check_session(s)
+    assert [x.trained_turns for x in lin.samples] == [(0, 1)]
+    route = s.tree.route(prompt(*AFTER))
+    wider = Completion(array("q", [2**40]), [-0.5], FinishReason.STOP)
+    with pytest.raises(InvalidTurn, match="int32"):
+        s.tree.record(route, s.fmt.bridge(route), wider, reply("x"))
+
+
 # -- input the tree refuses --------------------------------------------------------------------
 
 
@@ -289,6 +324,9 @@ def test_prompt_building_blocks_refuse_nonsense() -> None:
         Segment(LossReason.GENERATED, [1])
     with pytest.raises(ValueError, match="generation_prompt_length"):
         FullPrompt([1, 2], 3, "x")
+    with pytest.raises(ValueError, match="generation_prompt_length"):
+        FullPrompt([1, 2], -1, "x")
+    assert [FullPrompt([1, 2], n, "x").generation_prompt_length for n in (0, 2)] == [0, 2]
     with pytest.raises(ValueError, match="tool_call_id"):
         Message("tool", ())
     with pytest.raises(ValueError, match="unknown role"):

@@ -110,3 +110,19 @@ def test_mode_names_are_accepted_and_unknown_ones_refused() -> None:
     assert LengthLimit(5, "drop").mode is LengthMode.DROP  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cut"):
         LengthLimit(5, "cut")  # type: ignore[arg-type]
+
+
+def test_a_cut_at_the_end_of_an_output_excludes_nothing_of_that_turn() -> None:
+    """The limit falls exactly after turn 0's last token: turn 0 is trained whole, and no
+    ``over_length`` exclusion of 0 tokens is listed for it."""
+    s = Session()
+    chain(s, 2)
+    first, second = s.tree.turns
+    cut = first.prompt_length + first.output_length
+    lin = check_session(s, limit=LengthLimit(cut))
+    (sample,) = lin.samples
+    assert (sample.truncated, sample.trained_turns, len(sample.tokens)) == (True, (0,), cut)
+    assert sample.response_length == first.output_length
+    assert [(e.turn, e.reason, e.tokens) for e in lin.exclusions] == [
+        (1, LossReason.OVER_LENGTH, second.output_length)
+    ]

@@ -151,3 +151,10 @@ def test_retry_exclusions_survive_a_round_trip() -> None:
         == turn_exclusions(s.tree)
         == {1: LossReason.ABANDONED_RETRY}
     )
+
+
+def test_metadata_left_out_describes_a_first_attempt_of_the_policys_own_work() -> None:
+    meta = TurnMeta()
+    assert (meta.request_id, meta.retry_count, meta.agent_id) == ("", 0, None)
+    assert (meta.side_request, meta.malformed_tool_calls, dict(meta.extra)) == (False, 0, {})
+    assert (meta.started_at, meta.finished_at) == (0.0, 0.0)

@@ -26,6 +26,7 @@ from trajectory_tree import (
     Reasoning,
     Text,
     ToolCall,
+    ToolSpec,
     canonical_json,
     same_message,
 )
@@ -64,6 +65,7 @@ def test_continuation_routes_onto_the_generated_reply() -> None:
     first = s.turn(prompt(SYS, TASK), LS)
     route = s.tree.route(prompt(SYS, TASK, LS, tool_result("c1", "calc.py")))
     assert route.previous_generated is first
+    assert route.previous is first.reply
     assert route.matched == 3
     assert route.prefix_ids().tolist() == s.calls[0].input_ids + s.calls[0].output_ids
     assert route.prefix_length == len(route.prefix_ids())
@@ -86,6 +88,7 @@ def test_client_echo_of_a_reply_routes_as_the_reply(echo: object) -> None:
     assert echoed.key != LS.key, "the echo must really differ byte-wise"
     route = s.tree.route(prompt(SYS, TASK, echoed, tool_result("c1", "calc.py")))
     assert route.previous_generated is first
+    assert route.previous is first.reply, "the reply as generated, not its echo"
     s.turn(route.prompt, reply("Found it."))
     assert len(s.tree.leaves().__next__().path()) == 6  # root, sys, task, LS, tool, reply
     assert sum(1 for _ in s.tree.leaves()) == 1, "an echo must not branch"
@@ -245,3 +248,59 @@ def test_option_order_does_not_matter() -> None:
     route = s.tree.route(prompt(SYS, TASK, b="2", a="1"))
     assert route.matched == 2
     assert len(s.tree.roots) == 1
+
+
+@pytest.mark.parametrize("siblings", [1, 2], ids=["only-child", "among-siblings"])
+def test_a_different_message_still_branches_where_an_echo_matched(siblings: int) -> None:
+    """Matching an echo remembers its key on the node, so the next echo is a key hit; a message
+    that is not the reply (another call at that position) must still branch there, both when
+    the node is its parent's only child (the inlined fast path) and among siblings."""
+    s = Session()
+    for _ in range(siblings):  # a second answer to the same request makes a sibling
+        s.turn(prompt(SYS, TASK), LS)
+    echo = reserialized(LS)
+    for _ in range(2):  # the first routing matches canonically, the second by the kept key
+        route = s.tree.route(prompt(SYS, TASK, echo, tool_result("c1", "calc.py")))
+        assert route.matched == 3
+        assert route.previous_generated is s.tree.turns[-1]
+    other = reply("Let me look.", call("c1", "bash", {"cmd": "rm -rf /", "timeout": 10}))
+    assert not same_message(LS, other)
+    route = s.tree.route(prompt(SYS, TASK, other, tool_result("c1", "calc.py")))
+    assert route.matched == 2, "the other call is not the recorded reply"
+    assert route.previous_generated is None
+    s.finish(s.start(route.prompt, reply("Found it.")))
+    task = s.tree.node(s.tree.turns[0].node).parent
+    assert task is not None
+    assert [c.message for c in task.children] == [LS] * siblings + [other]
+    check_session(s)
+
+
+def test_boundary_and_generated_nodes() -> None:
+    """Token prefixes exist at boundary nodes only: the root, a chunk's last message, a reply."""
+    s = Session()
+    first = s.turn(prompt(SYS, TASK), LS)
+    root = s.tree.roots[0]
+    sys_node, task_node, reply_node = s.tree.node(first.node).path()[1:]
+    assert (root.is_boundary, root.generated) == (True, False)
+    assert (sys_node.is_boundary, sys_node.generated) == (False, False)
+    assert (task_node.is_boundary, task_node.generated) == (True, False)
+    assert (reply_node.is_boundary, reply_node.generated) == (True, True)
+    assert reply_node.turn is first
+    assert repr(root) == "Node(0, root, tokens=0, turn=None)"
+    assert repr(sys_node) == "Node(1, system, tokens=-, turn=None)"
+    assert repr(task_node) == f"Node(2, user, tokens={len(task_node.delta or ())}, turn=None)"
+    assert repr(reply_node) == f"Node(3, assistant, tokens={len(reply_node.delta or ())}, turn=0)"
+
+
+def test_tools_and_options_that_flatten_alike_are_different_contexts() -> None:
+    """The context key separates tools from options: tools ("a", "1", "b"), ("2", "c", "3")
+    and options a=1, b=2, c=3 hold the same six strings in the same order."""
+    tools = (ToolSpec("a", "1", "b"), ToolSpec("2", "c", "3"))
+    as_tools = prompt(SYS, TASK, tools=tools)
+    as_options = prompt(SYS, TASK, tools=(), a="1", b="2", c="3")
+    assert as_tools.context_key() != as_options.context_key()
+    s = Session()
+    s.turn(as_tools, reply("x"))
+    route = s.tree.route(as_options)
+    assert route.matched == 0
+    assert route.anchor.id < 0, "a context the tree has not seen"
