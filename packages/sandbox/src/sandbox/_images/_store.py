@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -119,7 +120,8 @@ class Store:
         image = self._images / hex_part
         try:
             record = json.loads((image / "image.json").read_bytes())
-            os.utime(image / "image.json")
+            now = time.time_ns()  # the kernel's own "now" is only as fine as its tick
+            os.utime(image / "image.json", ns=(now, now))
         except FileNotFoundError:
             os.close(fd)
             return None
