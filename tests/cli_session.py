@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Generic, TypeVar
@@ -144,14 +144,18 @@ def chain(tree: SessionTree, turn: Turn) -> list[int]:
     return [n.turn.id for n in tree.node(turn.node).path() if n.turn is not None]
 
 
-def assert_trained_once_as_generated(done: CliSession[ModelT]) -> Linearization:
+def assert_trained_once_as_generated(
+    done: CliSession[ModelT], *, excluded: Mapping[int, LossReason] | None = None
+) -> Linearization:
     """The trust property over the whole tree, whatever its branches: each turn's prompt is what
-    the engine received, each generated token is trained exactly once with its logprob, and the
-    output of each turn is what the double generated for that prompt; every turn was bridged
-    and checked against a full render without a mismatch."""
+    the engine received, each generated token is trained exactly once with its logprob (the
+    ``excluded`` turns', and only theirs, nowhere, for the reason given), and the output of each
+    turn is what the double generated for that prompt; every turn was bridged and checked
+    against a full render without a mismatch."""
     tree = done.tree
     lin = linearize(tree)
-    assert lin.exclusions == ()
+    assert {e.turn: e.reason for e in lin.exclusions} == dict(excluded or {})
+    assert len({e.turn for e in lin.exclusions}) == len(lin.exclusions)
     assert all(t.finish_reason is FinishReason.STOP for t in tree.turns)
     assert_engine_tokens_trained(done.stack, tree, lin)
     assert_outputs_are_generations(done.stack, tree, done.agent.replies)

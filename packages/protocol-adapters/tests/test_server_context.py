@@ -23,10 +23,11 @@ from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
 from protocol_adapters._server.sessions import ContextTooLarge, SessionLimits
+from protocol_adapters._server.shortened import Refused, dropped_history
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.stack import VocabularyTokenizer, local_stack
-from trajectory_tree import LossReason
+from trajectory_tree import LossReason, Message, Prompt, Text, ToolCall, ToolSpec
 from trajectory_tree import summarize as summarize_tree
 
 from .server_clients import (
@@ -234,27 +235,33 @@ async def test_a_request_resent_without_its_oldest_messages_is_noted_and_never_t
     messages, the task first: what the model writes then was written without the task. The
     turn is recorded with a note saying so and excluded from training; another agent's
     request, or one that is no shortened resend, is not."""
-    task = {"role": "user", "content": "THE TASK: fix the parser " + "detail " * 400}
-    middle = [
-        {"role": "assistant", "content": "looking"},
-        {"role": "user", "content": "more " * 50},
+    Json = dict[str, Any]
+    task: Json = {"role": "user", "content": "THE TASK: fix the parser " + "detail " * 400}
+    call: Json = {"type": "tool_use", "id": "toolu_1", "name": "shell", "input": {"cmd": "ls"}}
+    result: Json = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "more " * 50}
+    middle: list[Json] = [
+        {"role": "assistant", "content": [{"type": "text", "text": "looking"}, call]},
+        {"role": "user", "content": [result]},
     ]
-    summarize = {"role": "user", "content": "Summarize the conversation so far."}
+    summarize: Json = {"role": "user", "content": "Summarize the conversation so far."}
+    placeholder: Json = {"role": "user", "content": "[earlier conversation truncated]"}
+    shell: Json = {"name": "shell", "input_schema": {"type": "object"}}
     async with local_stack(
         always_ok,
         tokenizer_cache=tokenizer_cache,
         vocabulary=qwen_vocabulary,
-        engine_context_length=400,
+        engine_context_length=500,
     ) as stack:
         session = stack.server.sessions.open("shortened")
         async with anthropic_client(stack, session.token) as api:
 
-            async def ask(messages: list[dict[str, str]], agent: str | None = None) -> None:
+            async def ask(messages: list[Json], agent: str | None = None) -> None:
                 headers = {"x-claude-code-agent-id": agent} if agent else {}
                 await api.messages.create(
                     model="policy",
                     max_tokens=16,
                     system="agent",
+                    tools=[shell],  # type: ignore[list-item]
                     messages=messages,  # type: ignore[arg-type]
                     extra_headers=headers,
                 )
@@ -262,15 +269,132 @@ async def test_a_request_resent_without_its_oldest_messages_is_noted_and_never_t
             with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
                 await ask([task, *middle, summarize])
             await ask([{"role": "user", "content": "a sub-agent's own request"}], agent="a1")
-            await ask([middle[1], summarize])  # the resend: the task and one reply dropped
+            await ask([placeholder, *middle, summarize])  # the resend: the task dropped
             await ask([{"role": "user", "content": "go on from the summary"}])
     sub_agent, resent, after = session.tree.turns
     assert resent.meta.extra["history_dropped"] == (
-        "resent without its first 2 of 4 messages after a too-long refusal; "
-        "the first user message (the task) among them"
+        "resent after a too-long refusal without 1 of its 4 messages, the task among them"
     )
     assert "history_dropped" not in sub_agent.meta.extra
     assert "history_dropped" not in after.meta.extra
     summary = summarize_tree(session.tree)
     assert summary.history_dropped == 1
     assert summary.excluded_tokens == {LossReason.HISTORY_DROPPED: resent.output_length}
+
+
+# dropped_history, request by request: the shapes measured from the real CLIs
+# (tests/test_cli_shortened_summary.py), and what must get no note.
+
+AGENT = Message.text("system", "You are a coding agent.")
+SHELL = (ToolSpec("shell", "Run a command.", '{"type":"object"}'),)
+TASK = Message.text("user", "Run the report steps, then say that you are done.")
+SUMMARIZE = Message.text("user", "CONTEXT CHECKPOINT COMPACTION: summarize the conversation.")
+
+
+def call(*steps: int) -> Message:
+    """A reply with one shell call per step (Codex's parallel calls: one message)."""
+    return Message("assistant", tuple(ToolCall(f"call_{k}", "shell", f"step {k}") for k in steps))
+
+
+def output(step: int) -> Message:
+    return Message("tool", (Text(f"STEP-{step}-DONE"),), tool_call_id=f"call_{step}")
+
+
+def note(
+    refused: list[Message], request: list[Message], tools: tuple[ToolSpec, ...] = SHELL
+) -> str | None:
+    return dropped_history(Refused.of(Prompt(refused, SHELL)), Prompt(request, tools))
+
+
+def among_them(gone: int, total: int) -> str:
+    shortened = f"resent after a too-long refusal without {gone} of its {total} messages"
+    return f"{shortened}, the task among them"
+
+
+@pytest.mark.parametrize("system", [[AGENT], []], ids=["system prompt", "none"])
+def test_claude_codes_summary_without_the_opening_round_is_noted(system: list[Message]) -> None:
+    """Claude Code 2.1.330: refused, its summary of the opening round (the task, a system
+    message, the first step) is resent as a summary of every round but that one, led by a
+    placeholder and a date: the rounds it had left out come between the ones it keeps."""
+    environment = Message.text("system", "# Environment")
+    refused = [*system, TASK, environment, call(1), output(1), SUMMARIZE]
+    placeholder = Message.text("user", "[earlier conversation truncated for compaction retry]")
+    date = Message.text("system", "Today's date is 2026-11-26.")
+    rounds = [call(1), output(1), call(2), output(2)]
+    assert note(refused, [*system, placeholder, date, *rounds, SUMMARIZE]) == among_them(2, 5)
+
+
+def test_codexs_resends_are_noted_from_the_one_without_the_task() -> None:
+    """Codex 0.169.0 resends its compaction request without its oldest item each time: the
+    skills and the environment context (a user message before the task) go without a note,
+    the task with one; the request refused last, which had lost the task already, is resent
+    without its first call and that call's output: noted too."""
+    skills = Message.text("system", "<skills_instructions>")
+    environment = Message.text("user", "<environment_context>")
+    rest = [output(1), output(2), call(3), output(3), SUMMARIZE]
+    first = [AGENT, skills, environment, TASK, call(1, 2), *rest]
+    without_skills = [AGENT, environment, TASK, call(1, 2), *rest]
+    without_environment = [AGENT, TASK, call(1, 2), *rest]
+    without_task = [AGENT, call(1, 2), *rest]
+    without_call = [AGENT, call(2), *rest[1:]]
+    assert note(first, without_skills) is None
+    assert note(without_skills, without_environment) is None
+    assert note(without_environment, without_task) == among_them(1, 7)
+    assert note(without_task, without_call) == (
+        "resent after a too-long refusal without 2 of its 6 messages, "
+        "its task gone in an earlier resend"
+    )
+
+
+CONVERSATION = [AGENT, TASK, call(1), output(1), call(2), output(2)]
+TASKLESS = [AGENT, call(1), output(1), call(2), output(2), SUMMARIZE]
+"""A request already resent without its task (and refused again)."""
+
+
+@pytest.mark.parametrize(
+    ("refused", "sent"),
+    [
+        pytest.param(CONVERSATION, CONVERSATION, id="retry"),
+        pytest.param(CONVERSATION, [*CONVERSATION, call(3), output(3)], id="continuation"),
+        pytest.param(CONVERSATION, [*CONVERSATION[:4], SUMMARIZE], id="summary with the task"),
+        pytest.param(TASKLESS, TASKLESS, id="retry without the task"),
+        pytest.param(TASKLESS, [*TASKLESS, call(3), output(3)], id="continuation without it"),
+    ],
+)
+def test_a_request_that_drops_nothing_more_is_not_noted(
+    refused: list[Message], sent: list[Message]
+) -> None:
+    """A retry of the refused request, a continuation of it, a request for a summary that still
+    holds the task (Claude Code's first, of the opening round): not written without the task,
+    or (the refused request had lost it already) the note belongs to the resend that lost it."""
+    assert note(refused, sent) is None
+
+
+REFUSED = [AGENT, TASK, call(1), output(1), SUMMARIZE]
+RESENT = [AGENT, call(1), output(1), SUMMARIZE]
+"""A resend without the task: noted, unlike the requests below that differ from it."""
+
+
+@pytest.mark.parametrize(
+    ("sent", "tools"),
+    [
+        pytest.param(
+            [AGENT, Message.text("user", "Fix the parser."), call(9), output(9), SUMMARIZE],
+            SHELL,
+            id="another conversation",  # its own task and calls, the same instruction
+        ),
+        pytest.param(RESENT, (), id="other tools"),
+        pytest.param(
+            [Message.text("system", "You are a reviewer."), *RESENT[1:]],
+            SHELL,
+            id="another system prompt",
+        ),
+    ],
+)
+def test_another_request_after_a_refusal_is_not_noted(
+    sent: list[Message], tools: tuple[ToolSpec, ...]
+) -> None:
+    """Without the task, but no resend of the refused request."""
+    assert note(REFUSED, RESENT) == among_them(1, 4)
+    assert dropped_history(None, Prompt(RESENT, SHELL)) is None
+    assert note(REFUSED, sent, tools) is None
