@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -70,7 +70,6 @@ class _Flight:
 
     task: asyncio.Task[HeldImage]
     waiters: int = 0
-    done_callbacks: list[object] = field(default_factory=list)
 
 
 class ImageCache:

@@ -63,11 +63,6 @@ class VerifyingReader:
     def readable(self) -> bool:
         return True
 
-    def drain(self) -> None:
-        """Read to the end, so `verify()` sees every byte."""
-        while self.read(1 << 20):
-            pass
-
     def verify(self) -> None:
         """Raise `PullFailure` naming the digest unless the bytes read are the blob."""
         if self.size is not None and self.count != self.size:

@@ -31,14 +31,6 @@ NETWORK_ERRORS = (URLError, HTTPException, OSError)
 """What a request raises when the network (not the server) fails; HTTPError is caught first."""
 
 
-class HTTPStatusError(PullFailure):
-    """A registry answered with an error status."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class _Redirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(
         self,
@@ -197,17 +189,16 @@ def chunks(response: HTTPResponse, what: str, cancelled: threading.Event) -> Ite
 
 def _status_error(
     error: HTTPError, host: str, credentials: RegistryCredentials | None
-) -> HTTPStatusError:
+) -> PullFailure:
     detail = _registry_errors(error)
     if error.code in (401, 403):
         who = "the configured credentials" if credentials else "no credentials"
-        return HTTPStatusError(
-            f"unauthorized: {host} refused access with {who} (HTTP {error.code}{detail})",
-            error.code,
+        return PullFailure(
+            f"unauthorized: {host} refused access with {who} (HTTP {error.code}{detail})"
         )
     if error.code == 404:
-        return HTTPStatusError(f"not found on {host} (HTTP 404{detail})", 404)
-    return HTTPStatusError(f"{host} answered HTTP {error.code}{detail}", error.code)
+        return PullFailure(f"not found on {host} (HTTP 404{detail})")
+    return PullFailure(f"{host} answered HTTP {error.code}{detail}")
 
 
 def _registry_errors(error: HTTPError) -> str:

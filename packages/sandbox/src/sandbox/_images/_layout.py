@@ -40,7 +40,7 @@ class LayoutSource:
     def pinned(self) -> list[str]:
         return []  # reading the layout's index is cheap, and it may have changed
 
-    def blobs(self, resolved: ResolvedImage) -> list[str]:
+    def keep(self, resolved: ResolvedImage) -> list[str]:
         return []
 
     def prefetch(self, layers: tuple[Descriptor, ...]) -> None:
@@ -77,7 +77,10 @@ class LayoutSource:
 
     def open_layer(self, descriptor: Descriptor) -> Readable:
         """The layer blob's bytes, unchecked: the unpacker verifies them as it reads."""
-        return self._blob_path(descriptor.digest).open("rb")
+        try:
+            return self._blob_path(descriptor.digest).open("rb")
+        except FileNotFoundError:
+            raise PullFailure(f"{self.path} has no blob {descriptor.digest}") from None
 
     def _pick(self, top: Index) -> Descriptor:
         if self.ref is None:

@@ -83,7 +83,7 @@ class RegistrySource:
         info = parse_image_config(config_path.read_bytes(), digest, len(document.layers))
         return ResolvedImage(digest, document, info)
 
-    def blobs(self, resolved: ResolvedImage) -> list[str]:
+    def keep(self, resolved: ResolvedImage) -> list[str]:
         manifest = resolved.manifest
         self._store.put_blob(
             resolved.digest, len(self._manifest_bytes), iter([self._manifest_bytes])

@@ -27,7 +27,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -52,8 +52,9 @@ class Source(Protocol):
 
     def resolve(self) -> ResolvedImage: ...
 
-    def blobs(self, resolved: ResolvedImage) -> list[str]:
-        """Blobs the cache keeps for this image (none for a layout, read where it is)."""
+    def keep(self, resolved: ResolvedImage) -> list[str]:
+        """Store what the cache keeps of this image besides its layers; the digests of all
+        the blobs it keeps (none for a layout, which is read where it is)."""
         ...
 
     def prefetch(self, layers: tuple[Descriptor, ...]) -> None: ...
@@ -92,25 +93,28 @@ class Store:
 
     # -- images ------------------------------------------------------------------------------
 
-    def acquire(self, source: Source, on_pull: Callable[[], None] | None = None) -> HeldImage:
+    def acquire(self, source: Source) -> HeldImage:
         """The image `source` names, pulled and unpacked unless the cache has it."""
         for digest in source.pinned():
             if held := self.try_lease(digest):
                 return held
-        resolved = source.resolve()
-        if held := self.try_lease(resolved.digest):
-            return held
-        hex_part = _hex(resolved.digest)
-        pull_fd = take_lock(self._locks / f"{hex_part}.pull", shared=False)
-        assert pull_fd is not None
+        # From the first blob a pull writes to its lease, eviction keeps out of the way.
+        gc_fd = take_lock(self._locks / "gc", shared=True)
+        assert gc_fd is not None
         try:
+            resolved = source.resolve()
             if held := self.try_lease(resolved.digest):
-                return held  # another process pulled it while we waited
-            if on_pull:
-                on_pull()
-            return self._build(source, resolved)
+                return held
+            pull_fd = take_lock(self._locks / f"{_hex(resolved.digest)}.pull", shared=False)
+            assert pull_fd is not None
+            try:
+                if held := self.try_lease(resolved.digest):
+                    return held  # another process pulled it while we waited
+                return self._build(source, resolved)
+            finally:
+                os.close(pull_fd)
         finally:
-            os.close(pull_fd)
+            os.close(gc_fd)
 
     def try_lease(self, digest: str) -> HeldImage | None:
         """A lease on the cached image `digest`, or None if the cache does not have it."""
@@ -146,7 +150,6 @@ class Store:
         hex_part = _hex(resolved.digest)
         for stale in self._tmp.glob(f"{hex_part}.*"):
             remove_tree(str(stale))  # a dead puller's: only the pull lock's holder makes them
-        gc_fd = take_lock(self._locks / "gc", shared=True)
         work = self._tmp / f"{hex_part}.{secrets.token_hex(8)}"
         try:
             work.mkdir(mode=0o700)
@@ -176,7 +179,7 @@ class Store:
                 "working_dir": str(config.working_dir) if config.working_dir else None,
                 "user": config.user,
                 "size": size,
-                "blobs": source.blobs(resolved),
+                "blobs": source.keep(resolved),
             }
             (work / "image.json").write_text(json.dumps(record, indent=1))
             lease_fd = take_lock(self._locks / f"{hex_part}.lease", shared=True)
@@ -191,9 +194,6 @@ class Store:
             with contextlib.suppress(OSError):
                 remove_tree(str(work))
             raise
-        finally:
-            if gc_fd is not None:
-                os.close(gc_fd)
 
     # -- blobs -------------------------------------------------------------------------------
 
