@@ -70,6 +70,11 @@ def snapshot(root: Path) -> dict[str, dict[str, Any]]:
             "mtime": info.st_mtime_ns,
         }
         path = root / name
+        if not stat.S_ISLNK(info.st_mode):
+            record["xattrs"] = {
+                key: os.getxattr(path, key, follow_symlinks=False)
+                for key in sorted(os.listxattr(path, follow_symlinks=False))
+            }
         if stat.S_ISREG(info.st_mode):
             record["size"] = info.st_size
             record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -81,6 +86,19 @@ def snapshot(root: Path) -> dict[str, dict[str, Any]]:
             record["device"] = (os.major(info.st_rdev), os.minor(info.st_rdev))
         tree[name] = record
     return tree
+
+
+def user_xattrs(directory: Path) -> bool:
+    """Whether this file system takes user.* extended attributes (tmpfs did not always)."""
+    probe = directory / "xattr-probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, "user.probe", b"1")
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+    return True
 
 
 def rich_layers() -> list[list[Entry]]:
@@ -128,6 +146,7 @@ def rich_layers() -> list[list[Entry]]:
         file(deep + "/bottom", b"bottom"),
         file("precise", b"t", mtime=1_700_000_000.123456),
         file("unicodé ✓", b"utf-8 name"),
+        file("annotated", b"x", xattrs={"user.note": "kept"}),
         fifo("pipe"),
     ]
     if ROOT:
@@ -213,6 +232,8 @@ async def test_rich_image_unpacks_by_the_layer_rules(tmp_path: Path) -> None:
     assert tree["precise"]["mtime"] == 1_700_000_000_123_456_000
     assert tree["gone-dir"]["mtime"] == (MTIME + 5) * 10**9
     assert tree["pipe"]["type"] == stat.S_IFIFO
+    if user_xattrs(tmp_path):
+        assert tree["annotated"]["xattrs"] == {"user.note": b"kept"}
     if ROOT:
         assert tree["srv/owned"]["owner"] == (1000, 1001)
         assert tree["srv/big-ids"]["owner"] == (70000, 70001)
