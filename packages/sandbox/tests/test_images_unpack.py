@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sandbox._images import ImageCache, ImageCacheConfig, ImageLease, ImagePullError
+from sandbox._images._scoped import remove_tree
 from sandbox._spec import OciLayoutImage
 
 from .image_fixtures import (
@@ -147,6 +148,7 @@ def rich_layers() -> list[list[Entry]]:
         file("precise", b"t", mtime=1_700_000_000.123456),
         file("unicodé ✓", b"utf-8 name"),
         file("annotated", b"x", xattrs={"user.note": "kept"}),
+        file("latin-1 \udce9t\udce9", b"a name that is not UTF-8"),
         fifo("pipe"),
     ]
     if ROOT:
@@ -467,7 +469,7 @@ async def test_a_malformed_tar_is_refused(tmp_path: Path) -> None:
     )
     manifest["layers"] = [layout.descriptor(blob, manifest["layers"][0]["mediaType"])]
     layout.tag(layout.descriptor(json.dumps(manifest).encode(), descriptor["mediaType"]), "t")
-    with pytest.raises(ImagePullError, match="not a valid tar"):
+    with pytest.raises(ImagePullError, match="is malformed"):
         await acquire(tmp_path, tmp_path / "layout")
     assert_nothing_cached(tmp_path / "cache")
 
@@ -537,3 +539,23 @@ async def test_image_config_is_reported(tmp_path: Path) -> None:
         assert str(lease.config.working_dir) == "/testbed"
         assert lease.config.user == "1000:1000"
         assert lease.config.digest.startswith("sha256:")
+
+
+async def test_an_opaque_marker_over_a_deep_tree_of_its_own_layer(tmp_path: Path) -> None:
+    deep = "/".join(["n"] * 1500)  # deeper than Python's recursion limit
+    layers = [
+        [directory("top/"), file("top/lower", b"lower")],
+        [
+            directory("top/"),
+            *(directory("top/" + deep.rsplit("/", i)[0] + "/") for i in range(1499, -1, -1)),
+            file(f"top/{deep}/leaf", b"leaf"),
+            opaque("top"),
+        ],
+    ]
+    build(tmp_path / "layout", "t", layers)
+    try:
+        async with await acquire(tmp_path, tmp_path / "layout") as lease:
+            assert not (lease.root / "top" / "lower").exists()
+            assert (lease.root / "top" / deep / "leaf").read_bytes() == b"leaf"
+    finally:
+        remove_tree(str(tmp_path / "cache"))  # too deep for pytest's recursive clean-up

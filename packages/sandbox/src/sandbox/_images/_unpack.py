@@ -31,7 +31,6 @@ from sandbox._images._compression import decompressed, decompression_errors
 from sandbox._images._digest import Readable, VerifyingReader
 from sandbox._images._errors import PullFailure
 from sandbox._images._scoped import (
-    DIR_FLAGS,
     Parts,
     ScopedRoot,
     clean,
@@ -71,7 +70,15 @@ class Unpacker:
         `diff_id` as it streams; `PullFailure` for a malformed layer or a mismatch (the root is
         then half written: the caller discards it)."""
         raw = VerifyingReader(blob, digest, size)
-        corrupt: tuple[type[Exception], ...] = (tarfile.TarError, *decompression_errors())
+        # Besides the readers' own errors: numbers out of range (a device, a time) and names
+        # that are not text; all of them say the layer is malformed.
+        corrupt: tuple[type[Exception], ...] = (
+            tarfile.TarError,
+            *decompression_errors(),
+            OverflowError,
+            ValueError,
+            UnicodeError,
+        )
         try:
             tar_bytes = decompressed(raw)
             checked = VerifyingReader(tar_bytes, diff_id, None) if diff_id else None
@@ -79,7 +86,7 @@ class Unpacker:
             _drain(checked or tar_bytes)  # the tar's zero padding counts in its digest
             _drain(raw)
         except corrupt as error:
-            raise PullFailure(f"layer {digest} is not a valid tar archive: {error}") from None
+            raise PullFailure(f"layer {digest} is malformed: {error}") from None
         raw.verify()
         if checked:
             try:
@@ -110,8 +117,8 @@ class Unpacker:
 
     def _entry(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         if (
-            len(member.name.encode()) > MAX_NAME_BYTES
-            or len(member.linkname.encode()) > MAX_NAME_BYTES
+            len(os.fsencode(member.name)) > MAX_NAME_BYTES
+            or len(os.fsencode(member.linkname)) > MAX_NAME_BYTES
         ):
             raise PullFailure(f"an entry name is longer than {MAX_NAME_BYTES} bytes")
         parts = clean(member.name)
@@ -211,36 +218,46 @@ class Unpacker:
         dir_fd, where = opened
         try:
             if name == OPAQUE:
-                self._purge_children(dir_fd, where)
+                self._purge_below(where)
             elif name.startswith(WHITEOUT + WHITEOUT):
                 return  # other AUFS bookkeeping (.wh..wh.plnk): not part of the image
             else:
                 hidden = name[len(WHITEOUT) :]
                 if hidden in ("", ".", ".."):
                     raise PullFailure(f"malformed whiteout {name!r}")
-                self._purge(dir_fd, hidden, (*where, hidden))
+                path = (*where, hidden)
+                info = lstat_at(dir_fd, hidden)
+                if info is None:
+                    return
+                if path not in self._upper:
+                    remove_at(dir_fd, hidden, path, self._forget)
+                elif stat.S_ISDIR(info.st_mode):
+                    self._purge_below(path)
         finally:
             os.close(dir_fd)
 
-    def _purge(self, dir_fd: int, name: str, path: Parts) -> None:
-        """Remove what lower layers put at `path`, keeping what this layer added there."""
-        info = lstat_at(dir_fd, name)
-        if info is None:
-            return
-        if path not in self._upper:
-            remove_at(dir_fd, name, path, self._forget)
-        elif stat.S_ISDIR(info.st_mode):
-            child_fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    def _purge_below(self, top: Parts) -> None:
+        """Remove from the directory `top`, and from the directories this layer added below
+        it, what the layers below put there; keep what this layer added. An explicit stack:
+        the directories of one layer may nest as deep as its names allow."""
+        stack = [top]
+        while stack:
+            here = stack.pop()
+            fd = self._root.open_resolved(here)
+            if fd is None:
+                continue
             try:
-                self._purge_children(child_fd, path)
+                for child in os.listdir(fd):
+                    path = (*here, child)
+                    info = lstat_at(fd, child)
+                    if info is None:
+                        continue
+                    if path not in self._upper:
+                        remove_at(fd, child, path, self._forget)
+                    elif stat.S_ISDIR(info.st_mode):
+                        stack.append(path)
             finally:
-                os.close(child_fd)
-
-    def _purge_children(self, dir_fd: int, path: Parts) -> None:
-        # Deep trees this layer added recurse here; they were written by this same layer, so
-        # their depth is bounded by the tar's own names (MAX_NAME_BYTES).
-        for child in os.listdir(dir_fd):
-            self._purge(dir_fd, child, (*path, child))
+                os.close(fd)
 
     def _forget(self, path: Parts) -> None:
         self._dirs.pop(path, None)
