@@ -202,3 +202,20 @@ async def test_a_lease_is_released_once_and_by_its_context(tmp_path: Path) -> No
     forgotten = await cache.acquire(images["x"])
     with pytest.warns(ResourceWarning, match="unreleased image lease"):
         forgotten.__del__()
+
+
+async def test_cancelled_acquires_leave_no_lease_behind(tmp_path: Path) -> None:
+    images = make_images(tmp_path, "a", "b")
+    cache = ImageCache(ImageCacheConfig(root=tmp_path / "cache", max_bytes=0))
+    tasks = [asyncio.create_task(cache.acquire(images["a"])) for _ in range(8)]
+    await asyncio.sleep(0)  # every task is waiting for the one pull
+    for task in tasks[:4]:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert sum(isinstance(r, asyncio.CancelledError) for r in results) == 4
+    for result in results:
+        if isinstance(result, ImageLease):
+            await result.release()
+    # The next acquire's sweep may evict "a" only if no lease on it is left anywhere.
+    await (await cache.acquire(images["b"])).release()
+    assert cached(tmp_path / "cache") == {"b"}

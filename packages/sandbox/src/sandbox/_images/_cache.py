@@ -92,7 +92,11 @@ class ImageCache:
         except OSError as error:
             raise ImagePullError(name, f"image cache error: {error}") from error
         lease = ImageLease(held.root, held.config, held.lock_fd)
-        await self._sweep()
+        try:
+            await self._sweep()
+        except BaseException:  # cancelled: the caller never sees the lease
+            lease._close()
+            raise
         return lease
 
     async def _acquire(self, image: RegistryImage | OciLayoutImage) -> HeldImage:
@@ -108,7 +112,14 @@ class ImageCache:
             shared = await asyncio.shield(flight.task)
             store = self._store
             assert store is not None
-            held = await asyncio.to_thread(store.try_lease, shared.config.digest)
+            leasing = asyncio.ensure_future(
+                asyncio.to_thread(store.try_lease, shared.config.digest)
+            )
+            try:
+                held = await asyncio.shield(leasing)
+            except asyncio.CancelledError:
+                leasing.add_done_callback(_drop_unwanted)  # its lease would have no holder
+                raise
             if held is None:  # cannot happen while the pull's lease is held
                 raise PullFailure("the image vanished from the cache")
             return held
@@ -154,6 +165,13 @@ class ImageCache:
             warnings.warn(f"image cache sweep failed: {error}", RuntimeWarning, stacklevel=2)
         finally:
             self._sweeping = False
+
+
+def _drop_unwanted(leasing: asyncio.Future[HeldImage | None]) -> None:
+    if not leasing.cancelled() and leasing.exception() is None:
+        held = leasing.result()
+        if held is not None:
+            os.close(held.lock_fd)
 
 
 def _key(image: RegistryImage | OciLayoutImage) -> tuple[str, ...]:
