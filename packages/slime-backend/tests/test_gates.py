@@ -52,8 +52,54 @@ def test_each_gate_counts_its_share_of_episodes() -> None:
         "zero_trainable": (2, 5),  # aborted episodes count here...
         "zero_tool_calls": (1, 4),  # ...but not among the episodes that ran
         "tool_call_parse_failures": (1, 4),
+        "environment_aborts": (0, 5),  # aborted, but not for its environment
     }
     assert [r.name for r in report.tripped] == ["zero_trainable", "tool_call_parse_failures"]
+
+
+ENVIRONMENT_FAILURE = (
+    "environment: the sandbox cannot start (image swebench/sweb.eval.x86_64.a_1776_b-1:latest): "
+    "pulling the image failed: manifest unknown"
+)
+
+
+def test_a_run_whose_episodes_abort_for_their_environment_raises_an_alarm_naming_it() -> None:
+    """Zeros that look like training: most tasks never ran. The alarm says why."""
+    aborted = health(EpisodeStatus.ABORTED, trained=0, calls=0)
+    episodes = [
+        *[EpisodeHealth(*_fields(aborted), reason=ENVIRONMENT_FAILURE) for _ in range(6)],
+        EpisodeHealth(*_fields(aborted), reason="running claude-code: exited 1"),
+        *[health() for _ in range(3)],
+    ]
+    report = evaluate_gates(episodes, GateConfig())
+    assert [r.name for r in report.tripped] == ["zero_trainable", "environment_aborts"]
+    environment = report.tripped[1]
+    assert (environment.offending, environment.episodes) == (6, 10)
+    assert environment.causes == (("environment", 6),)
+    assert report.tripped[0].causes == (("environment", 6), ("running claude-code", 1))
+    described = report.describe()
+    assert "environment_aborts: 6/10 episodes (60%) > limit 50% (aborted: environment 6" in (
+        described
+    )
+    assert "manifest unknown" in described  # the example names what broke
+    marks = report.as_dict()["environment_aborts"]
+    assert isinstance(marks, dict)
+    assert marks["causes"] == {"environment": 6}
+
+
+def test_a_few_environment_aborts_are_no_alarm() -> None:
+    aborted = EpisodeHealth(EpisodeStatus.ABORTED, 0, 0, 0, ENVIRONMENT_FAILURE)
+    report = evaluate_gates([aborted, *[health() for _ in range(9)]], GateConfig())
+    assert "environment_aborts" not in [r.name for r in report.tripped]
+
+
+def _fields(episode: EpisodeHealth) -> tuple[EpisodeStatus, int, int, int]:
+    return (
+        episode.status,
+        episode.trained_tokens,
+        episode.tool_calls,
+        episode.malformed_tool_calls,
+    )
 
 
 def test_a_share_equal_to_its_limit_does_not_trip() -> None:
@@ -130,6 +176,8 @@ def test_the_hook_marks_every_sample_and_logs_a_tripped_gate(
         "offending": 2,
         "episodes": 3,
         "tripped": True,
+        "causes": {},
+        "example": "",
     }
     assert marks["zero_trainable"]["offending"] == 1  # the aborted episode
     assert not marks["zero_trainable"]["tripped"]
@@ -137,6 +185,22 @@ def test_the_hook_marks_every_sample_and_logs_a_tripped_gate(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert "zero_tool_calls: 2/3 episodes (67%) > limit 50%" in errors[0].getMessage()
+
+
+def test_the_hook_names_the_environment_that_failed(caplog: pytest.LogCaptureFixture) -> None:
+    data = [
+        [
+            converted(i, fan_out(Recorder(seed=i)), EpisodeOutcome.aborted(ENVIRONMENT_FAILURE))
+            for i in range(3)
+        ],
+        [converted(3, fan_out(Recorder(seed=3)), EpisodeOutcome(1.0))],
+    ]
+    with caplog.at_level(logging.INFO, logger="slime_backend"):
+        check_rollout_batch(slime_args(GateConfig(max_zero_trainable_share=0.9)), data)
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    message = error.getMessage()
+    assert "environment_aborts: 3/4 episodes (75%) > limit 50%" in message
+    assert "manifest unknown" in message
 
 
 def test_a_healthy_batch_passes_quietly(caplog: pytest.LogCaptureFixture) -> None:

@@ -7,14 +7,21 @@ step still produces a loss. So every rollout batch is checked for three shares o
 - ``zero_trainable``: episodes whose samples train no token (aborted ones included);
 - ``zero_tool_calls``: episodes that ran but made no well-formed tool call;
 - ``tool_call_parse_failures``: episodes that ran and whose share of malformed tool calls
-  (``malformed / (well-formed + malformed)``) exceeds ``parse_failure_rate``.
+  (``malformed / (well-formed + malformed)``) exceeds ``parse_failure_rate``;
+- ``environment_aborts``: episodes aborted because their task's environment failed (an image
+  that cannot be pulled, a sandbox that cannot boot, a test runner that cannot start: the
+  episode's reason starts with ``environment``), the run that "trains" on nothing because
+  its tasks never ran.
 
-A share above its limit trips the gate.
+A share above its limit trips the gate. A tripped gate names its causes: the aborted
+episodes' reasons, counted by their first word (``environment``, ``sandbox``, ...), with an
+example, so the alarm says what broke, not only how much.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -32,6 +39,7 @@ class GateConfig:
     max_zero_tool_call_share: float = 0.5
     parse_failure_rate: float = 0.2
     max_parse_failure_share: float = 0.2
+    max_environment_abort_share: float = 0.5
     fail_step: bool = False
 
     def __post_init__(self) -> None:
@@ -40,6 +48,7 @@ class GateConfig:
             "max_zero_tool_call_share",
             "parse_failure_rate",
             "max_parse_failure_share",
+            "max_environment_abort_share",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -54,15 +63,34 @@ class EpisodeHealth:
     trained_tokens: int
     tool_calls: int
     malformed_tool_calls: int
+    reason: str = ""
+    """The episode's outcome reason (for an aborted one: why it has no reward)."""
 
     @property
     def ran(self) -> bool:
         return self.status is not EpisodeStatus.ABORTED
 
     @property
+    def abort_cause(self) -> str | None:
+        """An aborted episode's cause: its reason's first word (``environment``, ``sandbox``,
+        ...), or None for an episode that ran."""
+        if self.ran:
+            return None
+        head = self.reason.split(":", 1)[0].strip().lower()
+        return head if head and len(head) <= 40 else "unknown"
+
+    @property
+    def environment_failed(self) -> bool:
+        return self.abort_cause == ENVIRONMENT_CAUSE
+
+    @property
     def parse_failure_rate(self) -> float:
         attempts = self.tool_calls + self.malformed_tool_calls
         return self.malformed_tool_calls / attempts if attempts else 0.0
+
+
+ENVIRONMENT_CAUSE = "environment"
+"""The first word of the reason of an episode aborted for its task's environment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +99,10 @@ class GateResult:
     offending: int
     episodes: int
     limit: float
+    causes: tuple[tuple[str, int], ...] = ()
+    """The offending episodes' abort causes, most common first (aborted ones only)."""
+    example: str = ""
+    """One offending episode's reason, of the most common cause."""
 
     @property
     def share(self) -> float:
@@ -97,6 +129,8 @@ class GateReport:
                 "offending": r.offending,
                 "episodes": r.episodes,
                 "tripped": r.tripped,
+                "causes": dict(r.causes),
+                "example": r.example,
             }
             for r in self.results
         }
@@ -104,8 +138,17 @@ class GateReport:
     def describe(self) -> str:
         return "; ".join(
             f"{r.name}: {r.offending}/{r.episodes} episodes ({r.share:.0%}) > limit {r.limit:.0%}"
+            + _causes(r)
             for r in self.tripped
         )
+
+
+def _causes(result: GateResult) -> str:
+    if not result.causes:
+        return ""
+    counted = ", ".join(f"{cause} {count}" for cause, count in result.causes)
+    example = f", e.g. {result.example[:300]!r}" if result.example else ""
+    return f" (aborted: {counted}{example})"
 
 
 class SilentFailureAlarm(RuntimeError):
@@ -116,14 +159,24 @@ class SilentFailureAlarm(RuntimeError):
         self.report = report
 
 
+def _result(name: str, offending: list[EpisodeHealth], episodes: int, limit: float) -> GateResult:
+    counts = Counter(e.abort_cause for e in offending if e.abort_cause is not None)
+    causes = tuple(counts.most_common(5))
+    example = ""
+    if causes:
+        top = causes[0][0]
+        example = next(e.reason for e in offending if e.abort_cause == top)
+    return GateResult(name, len(offending), episodes, limit, causes, example)
+
+
 def evaluate_gates(episodes: Iterable[EpisodeHealth], config: GateConfig) -> GateReport:
     everyone = list(episodes)
     ran = [e for e in everyone if e.ran]
     return GateReport(
         (
-            GateResult(
+            _result(
                 "zero_trainable",
-                sum(1 for e in everyone if e.trained_tokens == 0),
+                [e for e in everyone if e.trained_tokens == 0],
                 len(everyone),
                 config.max_zero_trainable_share,
             ),
@@ -138,6 +191,12 @@ def evaluate_gates(episodes: Iterable[EpisodeHealth], config: GateConfig) -> Gat
                 sum(1 for e in ran if e.parse_failure_rate > config.parse_failure_rate),
                 len(ran),
                 config.max_parse_failure_share,
+            ),
+            _result(
+                "environment_aborts",
+                [e for e in everyone if e.environment_failed],
+                len(everyone),
+                config.max_environment_abort_share,
             ),
         )
     )

@@ -47,6 +47,7 @@ def check_rollout_batch(args: Any, data: list[Any]) -> None:
                 trained_tokens=record["trained_tokens"],
                 tool_calls=record["tool_calls"],
                 malformed_tool_calls=record["malformed_tool_calls"],
+                reason=str(record.get("reason") or ""),
             ),
         )
     report = evaluate_gates(episodes.values(), config)
