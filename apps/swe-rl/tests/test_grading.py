@@ -50,8 +50,10 @@ class Grader:
         self.source = source
         self.backend = backend
         self.log = GradingLog()
+        assert task.base_commit is not None
+        self.base = task.base_commit
         self.spec = SandboxSpec(
-            workspace=GitWorkspace(repo, task.base_commit),
+            workspace=GitWorkspace(repo, self.base),
             env=TOOLCHAIN_ENV,
             read_only_binds=TOOLCHAIN_BINDS,
         )
@@ -63,7 +65,7 @@ class Grader:
         edit(work)
         git(work, "add", "--all")
         done = subprocess.run(
-            ["git", "diff", "--cached", "--binary", "--full-index", self.task.base_commit],
+            ["git", "diff", "--cached", "--binary", "--full-index", self.base],
             cwd=work,
             capture_output=True,
             check=True,

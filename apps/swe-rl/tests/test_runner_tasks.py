@@ -112,7 +112,7 @@ def test_the_rest_of_grading_is_read_alongside_the_runner() -> None:
     assert task.grading.timeout_s == 60.0
 
 
-KINDS = "['command', 'pytest', 'unittest']"
+KINDS = ['command', 'pytest', 'reward_file', 'swebench', 'unittest']
 
 
 @pytest.mark.parametrize(
@@ -430,5 +430,5 @@ def test_the_planned_unittest_command_runs_the_wanted_ids(workspace: Path, tmp_p
 
 def test_the_tools_are_the_ones_the_plan_names() -> None:
     tools = resources.files("swe_rl.grading").joinpath("tools")
-    assert runners.TOOLS == ("pytest_runner.py", "unittest_runner.py")
+    assert runners.TOOLS == ("pytest_runner.py", "unittest_runner.py", "log_runner.py")
     assert all(tools.joinpath(name).is_file() for name in runners.TOOLS)

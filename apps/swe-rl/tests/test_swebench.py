@@ -1,14 +1,16 @@
-"""SWE-bench rows (its public field names, lists JSON-encoded as in the published datasets)
-become task rows graded by the pytest runner; rows pytest does not run are skipped with a
-reason."""
+"""SWE-bench-family rows (their public field names, lists JSON-encoded as in the published
+datasets) become task rows in each instance's own image, with the official harness's test
+command, test files and parser (the real swebench package); rows that cannot be graded are
+skipped with a reason, and the gold patch never reaches the task's metadata."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from swe_rl.swebench import ConversionOptions, convert_row, convert_rows
-from swe_rl.task import PytestRunner, parse_task
+from swe_rl.task import Environment, SwebenchRunner, parse_task
 
 TEST_PATCH = """\
 diff --git a/astropy/io/tests/test_fits.py b/astropy/io/tests/test_fits.py
@@ -19,8 +21,16 @@ diff --git a/astropy/io/tests/test_fits.py b/astropy/io/tests/test_fits.py
 +
  def test_header(): pass
 """
+DJANGO_TEST_PATCH = """\
+diff --git a/tests/admin_views/tests.py b/tests/admin_views/tests.py
+--- a/tests/admin_views/tests.py
++++ b/tests/admin_views/tests.py
+@@ -1 +1,2 @@
+ import unittest
++
+"""
 
-ROW = {
+ROW: dict[str, Any] = {
     "repo": "astropy/astropy",
     "instance_id": "astropy__astropy-12907",
     "base_commit": "d16bfe05a744909de4b27f5875fe0d4ed41ce607",
@@ -36,49 +46,105 @@ ROW = {
 }
 
 
-def test_a_pytest_row_becomes_a_valid_task_without_the_gold_patch() -> None:
-    options = ConversionOptions(
-        setup_commands=("pip install -e .",), python="python", plugins=("pytest_doctestplus",)
-    )
-    row = convert_row(ROW, options)
+def test_a_row_runs_in_its_official_image_with_the_harness_command() -> None:
+    row = convert_row(ROW, ConversionOptions())
     task = parse_task(row["metadata"])
     assert task.instance_id == "astropy__astropy-12907"
-    assert task.repo.git_url == "https://github.com/astropy/astropy.git"
-    assert task.grading.fail_to_pass == ("astropy/io/tests/test_fits.py::test_header",)
-    assert task.grading.runner == PytestRunner(
-        python="python",
-        config=None,  # the repository's own, as of the base commit and the test patch
-        plugins=("pytest_doctestplus",),
-        paths=("astropy/io/tests/test_fits.py",),
+    assert task.repo is None and task.in_image  # the image holds the repository
+    assert task.environment == Environment(
+        image="swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", workdir="/testbed"
     )
-    assert task.setup_commands == ("pip install -e .",)
-    assert "gold fix" not in json.dumps(row)
+    assert task.grading.runner == SwebenchRunner(
+        repo="astropy/astropy",
+        framework="pytest",
+        command="pytest -rA",  # MAP_REPO_VERSION_TO_SPECS["astropy/astropy"]["4.3"]
+        directives=("astropy/io/tests/test_fits.py",),
+        prelude=("source /opt/miniconda3/bin/activate", "conda activate testbed"),
+    )
+    assert task.grading.fail_to_pass == ("astropy/io/tests/test_fits.py::test_header",)
+    assert task.base_commit == ROW["base_commit"]
+    assert "gold fix" not in json.dumps(row["metadata"])
+    assert row["reference"] == {"patch": ROW["patch"]}
 
 
-def test_sources_from_a_mirror_directory_or_an_e2b_template(tmp_path: Path) -> None:
-    mirrored = convert_row(ROW, ConversionOptions(repos_dir=tmp_path))
-    assert mirrored["metadata"]["repo"] == {"path": str(tmp_path / "astropy__astropy")}
-    templated = convert_row(ROW, ConversionOptions(template_prefix="swe-"))
-    assert templated["metadata"]["repo"] == {"template": "swe-astropy__astropy-12907"}
+def test_django_and_sympy_rows_get_their_own_runners() -> None:
+    django = {
+        **ROW,
+        "repo": "django/django",
+        "instance_id": "django__django-11099",
+        "version": "3.0",
+        "test_patch": DJANGO_TEST_PATCH,
+    }
+    runner = parse_task(convert_row(django, ConversionOptions())["metadata"]).grading.runner
+    assert isinstance(runner, SwebenchRunner)
+    assert (runner.framework, runner.directives) == ("django", ("admin_views.tests",))
+    assert runner.command == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1"
+    assert "export LANG=en_US.UTF-8" in runner.prelude  # the spec's eval_commands
+    sympy = {**ROW, "repo": "sympy/sympy", "instance_id": "sympy__sympy-20590", "version": "1.7"}
+    runner = parse_task(convert_row(sympy, ConversionOptions())["metadata"]).grading.runner
+    assert isinstance(runner, SwebenchRunner)
+    assert runner.framework == "sympy"
+    assert "bin/test -C --verbose" in runner.command
+
+
+def test_image_sources_a_mirror_a_column_local_images_or_e2b(tmp_path: Path) -> None:
+    def environment(options: ConversionOptions, row: dict[str, Any] = ROW) -> Any:
+        return convert_row(row, options)["metadata"]["environment"]
+
+    mirror = ConversionOptions(image_prefix="registry.example:5000/swe/sweb.eval.x86_64.")
+    assert environment(mirror)["image"] == (
+        "registry.example:5000/swe/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
+    )
+    column = {**ROW, "image_name": "jyangballin/swesmith.x86_64.astropy:abc"}
+    assert environment(ConversionOptions(image_column="image_name"), column) == {
+        "image": "jyangballin/swesmith.x86_64.astropy:abc",
+        "workdir": "/testbed",
+    }
+    local = environment(ConversionOptions(images_dir=tmp_path, image_format="rootfs"))
+    assert local["rootfs"] == str(
+        tmp_path / "swebench_sweb.eval.x86_64.astropy_1776_astropy-12907_latest"
+    )
+    layout = environment(ConversionOptions(images_dir=tmp_path))
+    assert layout["ref"] == "latest" and layout["oci_layout"].startswith(str(tmp_path))
+    assert environment(ConversionOptions(template_prefix="swe-")) == {
+        "e2b_template": "swe-astropy__astropy-12907",
+        "workdir": "/testbed",
+    }
+
+
+def test_a_dataset_the_harness_does_not_know_gives_its_command_and_parser() -> None:
+    gym = {**ROW, "repo": "getmoto/moto", "instance_id": "getmoto__moto-5752", "version": "4.0"}
+    skipped = convert_rows([gym], ConversionOptions())
+    assert skipped.skipped == (
+        (
+            1,
+            "getmoto__moto-5752",
+            "version: swebench has no spec for the repository of getmoto/moto "
+            "(give test_command)",
+        ),
+    )
+    options = ConversionOptions(test_command="pytest -n0 -rA", log_parser="parse_log_pytest")
+    runner = parse_task(convert_row(gym, options)["metadata"]).grading.runner
+    assert isinstance(runner, SwebenchRunner)
+    assert (runner.command, runner.parser) == ("pytest -n0 -rA", "parse_log_pytest")
 
 
 def test_rows_that_cannot_be_graded_are_skipped_with_a_reason() -> None:
     rows = [
         ROW,
-        {**ROW, "repo": "django/django", "instance_id": "django__django-1"},
+        {**ROW, "instance_id": "x-1", "version": "99.9"},
         {**ROW, "instance_id": "x-2", "FAIL_TO_PASS": "not json"},
         {**ROW, "instance_id": "x-3", "base_commit": "zzz"},
         {**ROW, "instance_id": "x-4", "test_patch": ""},
+        {**ROW, "instance_id": "x-5", "repo": "chartjs/Chart.js", "version": "4.0"},
     ]
     converted = convert_rows(rows, ConversionOptions())
     assert len(converted.rows) == 1
-    assert [(line, instance) for line, instance, _ in converted.skipped] == [
-        (2, "django__django-1"),
-        (3, "x-2"),
-        (4, "x-3"),
-        (5, "x-4"),
-    ]
-    reasons = [reason for _, _, reason in converted.skipped]
-    assert reasons[0] == "repo: django/django runs its own test runner, not pytest"
-    assert reasons[1] == "FAIL_TO_PASS: is not a JSON list of test ids"
-    assert reasons[2].startswith("base_commit: must be a hexadecimal commit id")
+    reasons = {instance: reason for _, instance, reason in converted.skipped}
+    assert reasons["x-1"] == (
+        "version: swebench has no version '99.9' of astropy/astropy (give test_command)"
+    )
+    assert reasons["x-2"] == "FAIL_TO_PASS: is not a JSON list of test ids"
+    assert reasons["x-3"].startswith("(converted) base_commit: must be a hexadecimal commit id")
+    assert reasons["x-4"] == "test_patch: is required and must be a non-empty string"
+    assert reasons["x-5"].startswith("test_cmd: the harness's command for chartjs/Chart.js")

@@ -4,7 +4,9 @@
     swe-rl rollout ...             the same episodes against a real SGLang server and checkpoint
     swe-rl train RUN.toml          launch slime (`--dry-run` prints the command)
     swe-rl view RUN_DIR            (re)write a run's HTML trajectory viewer
-    swe-rl convert-swebench IN OUT SWE-bench rows -> task rows
+    swe-rl convert-swebench IN OUT SWE-bench-family rows -> task rows, each in its image
+    swe-rl convert-harbor DIR OUT  Harbor task directories -> task rows
+    swe-rl validate TASKS          every task: empty change 0, reference solution 1
 
 Bad arguments or inputs get one line saying what is wrong (exit 2), never a traceback; a run
 interrupted with Ctrl-C stops cleanly (exit 130).
@@ -146,45 +148,116 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = commands.add_parser(
         "convert-swebench",
-        help="SWE-bench rows -> task rows",
-        description="Convert SWE-bench rows (JSONL, or a JSON list) to task rows. The gold "
-        "patch is never copied. Rows whose tests pytest does not run are skipped and listed.",
+        help="SWE-bench-family rows -> task rows, each in its own image",
+        description="Convert SWE-bench-family rows (JSONL, or a JSON list) to task rows that "
+        "run in each instance's image, with the official harness's test command and log "
+        "parser (the swebench package). The gold patch goes to the row's reference (read by "
+        "`validate` only), never to what an episode sees. Rows that cannot be graded are "
+        "skipped and listed with the reason.",
     )
     convert.add_argument("input", type=Path)
     convert.add_argument("output", type=Path)
-    source = convert.add_mutually_exclusive_group()
-    source.add_argument(
-        "--repos-dir",
-        type=Path,
-        metavar="DIR",
-        help="local mirrors, one per repository, named owner__name",
+    convert.add_argument(
+        "--image-prefix",
+        default="swebench/sweb.eval.x86_64.",
+        metavar="PREFIX",
+        help="registry and repository prefix of the images (default: %(default)s; a mirror: "
+        "registry.example/swebench/sweb.eval.x86_64.)",
     )
-    source.add_argument(
+    convert.add_argument("--image-tag", default="latest", metavar="TAG")
+    convert.add_argument(
+        "--image-column",
+        metavar="NAME",
+        help="take each row's image from this column (SWE-smith: image_name, R2E-Gym: "
+        "docker_image)",
+    )
+    _local_images(convert)
+    convert.add_argument(
         "--template-prefix",
         metavar="PREFIX",
-        help="E2B template per instance: PREFIX + instance_id",
+        help="E2B: a template per instance, PREFIX + instance_id",
     )
     convert.add_argument(
-        "--setup-command",
-        action="append",
-        default=[],
+        "--test-command",
         metavar="CMD",
-        help="a setup command for every task (repeatable)",
+        help="the test command of every row (repositories the harness has no spec for)",
     )
     convert.add_argument(
-        "--python",
-        default="python3",
-        metavar="CMD",
-        help="the task environment's interpreter that has pytest (default: python3)",
+        "--log-parser",
+        metavar="NAME",
+        help="the harness's log parser of every row: a repository (owner/name) or a parser "
+        "function (parse_log_pytest)",
     )
-    convert.add_argument(
-        "--pytest-plugin",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="a pytest plugin module the tests need; plugin autoloading is off (repeatable)",
+
+    harbor = commands.add_parser(
+        "convert-harbor",
+        help="Harbor task directories -> task rows",
+        description="Convert a Harbor task directory, or a directory of them, to task rows: "
+        "instruction.md is the prompt, the task's image its environment, tests/test.sh its "
+        "verifier (copied into the grading sandbox after the agent's change, its reward file "
+        "the reward), solution/ its reference (read by `validate` only). Tasks whose "
+        "environment is a Dockerfile that builds an image are skipped with the reason.",
+    )
+    harbor.add_argument("input", type=Path, metavar="DIR")
+    harbor.add_argument("output", type=Path)
+    harbor.add_argument(
+        "--workdir",
+        default="/app",
+        metavar="PATH",
+        help="the workspace when a task names none (default: %(default)s)",
+    )
+    _local_images(harbor)
+
+    validate = commands.add_parser(
+        "validate",
+        help="check that every task grades the empty change 0 and its reference 1",
+        description="For every task, in its own environment: the empty change must earn 0 and "
+        "the reference solution (SWE-bench's gold patch, Harbor's solution/) must earn 1. "
+        "Prints a table, writes the passing rows to --out, names every failure's reason. "
+        "Resumable: results go to a state file as they come, and a rerun skips the tasks "
+        "already validated.",
+    )
+    validate.add_argument("tasks", type=Path, help="task file (JSONL rows)")
+    validate.add_argument(
+        "--out", type=Path, metavar="FILE", help="where the passing rows go (JSONL)"
+    )
+    validate.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="the state file (default: TASKS with .validate-state.jsonl)",
+    )
+    validate.add_argument("--concurrency", type=_positive_int, default=4, metavar="N")
+    validate.add_argument(
+        "--retry-failed", action="store_true", help="validate earlier failures again"
+    )
+    validate.add_argument(
+        "--logs", type=Path, metavar="DIR", help="keep every grading log under DIR"
+    )
+    validate.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "agent-rl",
+        metavar="DIR",
+        help="prepared repositories (default: %(default)s)",
     )
     return parser
+
+
+def _local_images(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--images-dir",
+        type=Path,
+        metavar="DIR",
+        help="local images instead of a registry: one per image name under DIR (its / and : "
+        "as _), as --image-format says",
+    )
+    parser.add_argument(
+        "--image-format",
+        choices=("oci_layout", "rootfs"),
+        default="oci_layout",
+        help="what --images-dir holds (default: %(default)s)",
+    )
 
 
 def _agent_options(parser: argparse.ArgumentParser) -> None:
@@ -237,25 +310,59 @@ def _convert(args: argparse.Namespace) -> int:
 
     rows = _read_rows(args.input)
     options = ConversionOptions(
-        repos_dir=args.repos_dir,
+        image_prefix=args.image_prefix,
+        image_tag=args.image_tag,
+        image_column=args.image_column,
+        images_dir=args.images_dir,
+        image_format=args.image_format,
         template_prefix=args.template_prefix,
-        setup_commands=tuple(args.setup_command),
-        python=args.python,
-        plugins=tuple(args.pytest_plugin),
+        test_command=args.test_command,
+        log_parser=args.log_parser,
     )
     converted = convert_rows(rows, options)
-    try:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        with args.output.open("w", encoding="utf-8") as out:
-            for row in converted.rows:
-                out.write(json.dumps(row) + "\n")
-    except OSError as error:
-        raise UsageError(f"cannot write {args.output}: {error.strerror}") from None
+    _write_rows(args.output, converted.rows)
     console = Console()
     console.print(f"wrote {len(converted.rows)} task rows to {args.output}")
     for line, instance, reason in converted.skipped:
         console.print(f"  skipped row {line} ({instance}): {reason}", highlight=False)
     return 0
+
+
+def _convert_harbor(args: argparse.Namespace) -> int:
+    from swe_rl.harbor import HarborOptions, convert_tasks, task_directories
+
+    try:
+        directories = task_directories(args.input)
+    except OSError as error:
+        raise UsageError(f"cannot read {args.input}: {error.strerror}") from None
+    if not directories:
+        raise UsageError(f"{args.input} holds no Harbor task (no task.toml)")
+    options = HarborOptions(
+        workdir=args.workdir, images_dir=args.images_dir, image_format=args.image_format
+    )
+    converted = convert_tasks(directories, options)
+    _write_rows(args.output, converted.rows)
+    console = Console()
+    console.print(f"wrote {len(converted.rows)} task rows to {args.output}")
+    for directory, reason in converted.skipped:
+        console.print(f"  skipped {directory}: {reason}", highlight=False)
+    return 0
+
+
+def _write_rows(path: Path, rows: Sequence[dict[str, object]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror}") from None
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from swe_rl.validate_command import run_validate
+
+    return asyncio.run(run_validate(args))
 
 
 def _read_rows(path: Path) -> list[dict[str, object]]:
@@ -319,4 +426,6 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": _train,
     "view": _view,
     "convert-swebench": _convert,
+    "convert-harbor": _convert_harbor,
+    "validate": _validate,
 }

@@ -8,9 +8,16 @@ task payload + adapter session + budgets ->
 Every failure that leaves no trustworthy reward (a bad task row, a repository that will not
 clone, setup failing, the CLI crashing or never reaching the model, the engine going away,
 grading infrastructure failing) ends as an ABORTED outcome with the reason; nothing raises out
-of an episode but cancellation. The episode's artifacts (the CLI's event stream and stderr,
-the diff, the grading log, a summary) are written to one directory, named in the outcome as
-`artifacts["dir"]`, where `finished` also puts the session tree once the session is closed.
+of an episode but cancellation. A task's environment failing (its image cannot be pulled, a
+sandbox cannot boot on it, its test runner cannot start there) is such an abort, its reason
+starting with "environment:" (environment.py), never a completed episode with reward 0.
+
+A task with an environment runs the agent and the grader on its image (environment.py); when
+the image holds the repository, the workspace is the image's own directory.
+
+The episode's artifacts (the CLI's event stream and stderr, the diff, the grading log, a
+summary) are written to one directory, named in the outcome as `artifacts["dir"]`, where
+`finished` also puts the session tree once the session is closed.
 """
 
 from __future__ import annotations
@@ -36,10 +43,10 @@ from harness import (
     InstalledCli,
 )
 from sandbox import (
+    CapturedDiff,
     CaptureLimits,
     ChangeTooLargeError,
     ForwardedEndpoint,
-    GitWorkspace,
     LocalBackend,
     ReadOnlyBind,
     ResourceLimits,
@@ -48,11 +55,24 @@ from sandbox import (
     SandboxError,
     SandboxSpec,
     SetupFailedError,
-    capture_diff,
     run_setup,
 )
 from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus, JsonValue
-from swe_rl.grading import GradeResult, GradingError, GradingLimits, GradingLog, Verdict, grade
+from swe_rl.environment import (
+    CaptureUnsupportedError,
+    capture_change,
+    environment_reason,
+    sandbox_spec,
+)
+from swe_rl.grading import (
+    EnvironmentFailure,
+    GradeResult,
+    GradingError,
+    GradingLimits,
+    GradingLog,
+    Verdict,
+    grade,
+)
 from swe_rl.sources import RepoSources, SourceError
 from swe_rl.task import SweTask, TaskError, parse_task
 from trajectory_tree import SessionTree, dumps
@@ -153,16 +173,21 @@ class SweEpisode:
         summary["instance_id"] = task.instance_id
         phases: dict[str, float] = summary.setdefault("phases_s", {})
         with _phase(phases, "repository"):
-            try:
-                repo = await self.sources.prepare(task)
-            except SourceError as error:
-                raise _Aborted(f"repository: {error}") from None
+            repo: Path | None = None
+            if not task.in_image:
+                try:
+                    repo = await self.sources.prepare(task)
+                except SourceError as error:
+                    raise _Aborted(f"repository: {error}") from None
             mount, binds = self._mount(await self._install())
         spec = self._spec(task, repo, session, binds)
         with _phase(phases, "sandbox"):
             try:
                 box = await self.backend.create(spec)
             except SandboxError as error:
+                if task.environment is not None:
+                    reason = environment_reason(task, "the sandbox cannot start", error)
+                    raise _Aborted(reason) from None
                 raise _Aborted(f"sandbox: {error}") from None
         async with box:
             with _phase(phases, "setup"):
@@ -172,9 +197,7 @@ class SweEpisode:
             summary["agent"] = _run_summary(run)
             with _phase(phases, "diff"):
                 try:
-                    diff = await capture_diff(
-                        box, repo, task.base_commit, limits=self.config.capture
-                    )
+                    diff = await self._capture(box, task, repo)
                 except ChangeTooLargeError as error:  # the agent's doing: graded, earns 0
                     diff = None
                     too_large = str(error)
@@ -215,10 +238,17 @@ class SweEpisode:
             reason += f"; {self.agent.name} died of signal {run.exit_code - 128}"
         return EpisodeOutcome(result.reward, status, reason, artifacts)
 
+    async def _capture(self, box: Sandbox, task: SweTask, repo: Path | None) -> CapturedDiff:
+        """The agent's change: against the prepared repository at the base commit."""
+        try:
+            return await capture_change(box, task, repo, self.config.capture)
+        except CaptureUnsupportedError as error:
+            raise _Aborted(environment_reason(task, "capturing the change", error)) from None
+
     def _spec(
         self,
         task: SweTask,
-        repo: Path,
+        repo: Path | None,
         session: AdapterSession,
         binds: tuple[ReadOnlyBind, ...],
     ) -> SandboxSpec:
@@ -226,11 +256,12 @@ class SweEpisode:
         if address.hostname is None or address.port is None:
             raise _Aborted(f"adapter URL has no host and port: {session.base_url}")
         network = ForwardedEndpoint(address.hostname, address.port, self.config.inside_port)
-        return SandboxSpec(
-            workspace=GitWorkspace(repo, task.base_commit),
+        return sandbox_spec(
+            task,
+            repo,
             env={**self.config.env, "IS_SANDBOX": "1"},
             network=network,
-            read_only_binds=(*self.config.binds, *binds),
+            binds=(*self.config.binds, *binds),
             limits=self.config.limits,
         )
 
@@ -303,18 +334,19 @@ class SweEpisode:
             raise _Aborted(f"{self.agent.name} exited {run.exit_code}: {detail}")
         return EpisodeStatus.COMPLETED
 
-    async def _grade(self, task: SweTask, repo: Path, patch: bytes, directory: Path) -> GradeResult:
+    async def _grade(
+        self, task: SweTask, repo: Path | None, patch: bytes, directory: Path
+    ) -> GradeResult:
         log = GradingLog()
-        spec = SandboxSpec(
-            workspace=GitWorkspace(repo, task.base_commit),
-            env=self.config.env,
-            read_only_binds=self.config.binds,
-            limits=self.config.limits,
+        spec = sandbox_spec(
+            task, repo, env=self.config.env, binds=self.config.binds, limits=self.config.limits
         )
         try:
             return await grade(
                 task, patch, lambda: self.backend.create(spec), log, limits=self.config.grading
             )
+        except EnvironmentFailure as error:
+            raise _Aborted(environment_reason(task, "grading", error)) from None
         except GradingError as error:
             raise _Aborted(f"grading: {error}") from None
         finally:

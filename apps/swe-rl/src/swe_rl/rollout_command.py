@@ -34,7 +34,7 @@ from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
 from swe_rl.errors import UsageError
 from swe_rl.rollout import ConfiguredEpisode
-from swe_rl.run import GenerateSource, Run, plan
+from swe_rl.run import GenerateSource, Run, abort_counts, plan
 from swe_rl.task_file import TaskRow, read_task_file
 from swe_rl.viewer import write_viewer
 
@@ -88,6 +88,12 @@ async def run_rollout(args: argparse.Namespace) -> int:
         f"{len(result.records)} episodes ({resolved} rewarded) in {result.duration_s:.0f} s; "
         f"samples: {result.samples_path}; viewer: {viewer}"
     )
+    aborts = abort_counts(result.records)
+    if aborts:
+        counted = ", ".join(f"{cause} {count}" for cause, count in aborts.items())
+        console.print(f"aborted (never trained), by cause: {counted}", highlight=False)
+    if result.gates.tripped:
+        console.print(f"[bold red]ALARM[/] {result.gates.describe()}", highlight=False)
     for problem in result.write_errors:
         console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
     return 130 if result.interrupted else 1 if result.write_errors else 0

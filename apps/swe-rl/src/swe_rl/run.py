@@ -40,6 +40,7 @@ from slime_backend import (
     normalized_rewards,
 )
 from slime_backend.testing import StandInSample
+from swe_rl.environment import abort_cause
 from swe_rl.task_file import TaskRow
 
 INTERRUPTED = "interrupted"
@@ -159,6 +160,7 @@ class EpisodeRecord:
             self.trained_tokens,
             self.tool_calls,
             self.malformed_tool_calls,
+            self.reason,
         )
 
 
@@ -252,6 +254,17 @@ def _advantages(records: list[EpisodeRecord]) -> None:
         record.advantage = values.get(record.index) if record.status != "aborted" else None
 
 
+def abort_counts(records: Sequence[EpisodeRecord]) -> dict[str, int]:
+    """Aborted episodes counted by cause (their reason's first word: environment, sandbox,
+    grading, interrupted, ...), most common first."""
+    counts: dict[str, int] = {}
+    for record in records:
+        if record.status == "aborted":
+            cause = abort_cause(record.reason)
+            counts[cause] = counts.get(cause, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def _write_run(
     path: Path,
     run: Run,
@@ -267,7 +280,13 @@ def _write_run(
             "share": result.share,
             "limit": result.limit,
             "message": f"{result.offending} of {result.episodes} episodes "
-            f"({result.share:.0%}) exceed the {result.limit:.0%} limit",
+            f"({result.share:.0%}) exceed the {result.limit:.0%} limit"
+            + (
+                "; aborted: " + ", ".join(f"{cause} {n}" for cause, n in result.causes)
+                if result.causes
+                else ""
+            )
+            + (f"; e.g. {result.example[:300]}" if result.example else ""),
         }
         for result in gates.tripped
     ]
@@ -285,6 +304,7 @@ def _write_run(
             }
             for record in records
         ],
+        "aborts": abort_counts(records),
         "gates": gates.as_dict(),
         "alarms": alarms,
         **run.extra,

@@ -41,6 +41,8 @@ class RepoSources:
         return await asyncio.to_thread(self._prepare, task)
 
     def _prepare(self, task: SweTask) -> Path:
+        if task.repo is None or task.base_commit is None:
+            raise SourceError(f"task {task.instance_id} has no repository to prepare (its image)")
         source = task.repo.path or task.repo.git_url
         if source is None:
             raise SourceError(f"task {task.instance_id} has no local path or git URL")

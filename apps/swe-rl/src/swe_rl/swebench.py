@@ -1,44 +1,66 @@
-"""SWE-bench rows -> our task rows.
+"""SWE-bench-family rows -> our task rows, each in its own image.
 
-SWE-bench's public fields: `instance_id`, `repo` ("owner/name"), `base_commit`,
-`problem_statement`, `test_patch`, `FAIL_TO_PASS` and `PASS_TO_PASS` (JSON-encoded lists of test
-ids in the published datasets, plain lists in some copies), plus fields we keep but do not use
-(`patch`, the gold fix, is deliberately NOT copied: the agent must never see it).
+SWE-bench's public fields: `instance_id`, `repo` ("owner/name"), `base_commit`, `patch` (the
+gold fix), `test_patch`, `problem_statement`, `version`, and `FAIL_TO_PASS` / `PASS_TO_PASS`
+(JSON-encoded lists of test ids in the published datasets, plain lists in some copies).
 
-Each row is graded with the pytest runner on the test patch's files, as SWE-bench runs them,
-configured as the repository configures pytest at the base commit; pytest's plugin
-autoloading is off, so plugins a repository's tests need are named (`plugins`). That fits the
-repositories whose tests are pytest's (most of SWE-bench). Repositories that run their tests
-with their own runner (Django's runtests.py, SymPy's bin/test) are reported as unsupported
-rather than graded from printed output. The repository comes from a
-local mirror directory (`<repos_dir>/<owner>__<name>`) when given, else its GitHub URL, or an
-E2B template per instance.
+Each row runs in the instance's own image, whose /testbed holds the repository at the base
+commit with its environment installed against it (the workspace is that directory). The image
+is named by the dataset's convention (SWE-bench's official images:
+`swebench/sweb.eval.x86_64.<instance id, lower case, "__" as "_1776_">:latest`), with another
+prefix for a mirror, or taken from a column of the row (SWE-smith's `image_name`, R2E-Gym's
+`docker_image`, ...); an E2B template per instance, or a local OCI layout or root file system
+per image, are the other sources.
+
+How the tests run comes from the official harness (the `swebench` package, 4.x): the test
+command of the repository and version (`MAP_REPO_VERSION_TO_SPECS`), the test files it is given
+(`get_test_directives`), the commands that activate the image's environment, and the log
+parser of the repository (`MAP_REPO_TO_PARSER`), which reads our runs so our verdicts agree
+with the harness's (grading/swebench_log.py). pytest repositories, Django (`runtests.py`) and
+SymPy (`bin/test`) are supported; other runners (the JavaScript, Go, Java, ... specs) are
+reported as unsupported. A dataset whose repositories the harness does not know gives the
+command and parser itself (`test_command`, `log_parser`).
+
+The gold `patch` is never in the task's metadata (what episodes and samples see): it goes to
+the row's `reference`, which only `swe-rl validate` reads.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from swe_rl.grading.patch_files import PatchError, display, split_patch
-from swe_rl.task import TaskError, parse_task
+from swe_rl.task import TaskError, parse_task, split_swebench_command
 
-OWN_RUNNERS = frozenset({"django/django", "sympy/sympy"})
+DEFAULT_IMAGE_PREFIX = "swebench/sweb.eval.x86_64."
+#: What activates a SWE-bench image's environment (conda, env "testbed"), before the spec's own
+#: evaluation commands.
+ACTIVATE = ("source /opt/miniconda3/bin/activate", "conda activate testbed")
+WORKDIR = "/testbed"
 
 
 @dataclass(frozen=True, slots=True)
 class ConversionOptions:
-    repos_dir: Path | None = None
+    image_prefix: str = DEFAULT_IMAGE_PREFIX
+    """Registry and repository prefix of the convention's image names."""
+    image_tag: str = "latest"
+    image_column: str | None = None
+    """A row column holding the image reference (it wins over the convention)."""
+    images_dir: Path | None = None
+    """Local images, one per image name (its `/` and `:` as `_`): OCI layouts or root file
+    systems, as `image_format` says."""
+    image_format: Literal["oci_layout", "rootfs"] = "oci_layout"
     template_prefix: str | None = None
-    setup_commands: tuple[str, ...] = ()
+    """An E2B template per instance: this prefix + instance id."""
+    test_command: str | None = None
+    """The test command for every row (a dataset whose repositories the harness does not know)."""
+    log_parser: str | None = None
+    """The harness's parser for every row: a repository ("owner/name") or a parser's name."""
     timeout_s: float = 1800.0
-    python: str = "python3"
-    """The interpreter of the task's environment that has pytest."""
-    plugins: tuple[str, ...] = ()
-    """pytest plugin modules the tests need (autoloading is off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,56 +82,130 @@ def convert_rows(rows: Iterable[Mapping[str, Any]], options: ConversionOptions) 
     return Converted(tuple(converted), tuple(skipped))
 
 
+def image_name(instance_id: str, options: ConversionOptions) -> str:
+    """The convention's image for an instance (SWE-bench's: lower case, `__` as `_1776_`)."""
+    key = instance_id.lower().replace("__", "_1776_")
+    return f"{options.image_prefix}{key}:{options.image_tag}"
+
+
 def convert_row(row: Mapping[str, Any], options: ConversionOptions) -> dict[str, Any]:
-    """One SWE-bench row as a `{prompt, metadata}` task row; TaskError if it cannot be."""
+    """One SWE-bench-family row as a `{prompt, metadata, reference}` task row; TaskError if it
+    cannot be."""
     repo = _field(row, "repo")
     instance = _field(row, "instance_id")
-    if repo in OWN_RUNNERS:
-        raise TaskError("repo", f"{repo} runs its own test runner, not pytest")
+    version = str(row.get("version", "")).strip()
     test_patch = _field(row, "test_patch")
+    spec = _spec(repo, version, options)
+    command = options.test_command or _text_command(spec.get("test_cmd"), repo, version)
+    framework = _framework(command)
     try:
-        sections = split_patch(test_patch.encode())
-    except PatchError as error:
-        raise TaskError("test_patch", str(error)) from None
-    files = sorted(
-        {
-            display(section.path)
-            for section in sections
-            if section.path.endswith(b".py") and not section.deleted
-        }
-    )
-    if not files:
-        raise TaskError("test_patch", "changes no Python test file")
+        split_swebench_command(framework, command)
+    except ValueError as error:
+        raise TaskError("test_cmd", f"{command!r}: {error}") from None
+    parser = options.log_parser or repo
+    _check_parser(parser)
+    directives = _directives(row, repo, test_patch)
+    if not directives:
+        raise TaskError("test_patch", "names no test file to run")
+    prelude = [*ACTIVATE, *(str(c) for c in spec.get("eval_commands", []))]
+    runner: dict[str, Any] = {
+        "type": "swebench",
+        "repo": repo,
+        "framework": framework,
+        "command": command,
+        "directives": directives,
+        "prelude": prelude,
+    }
+    if parser != repo:
+        runner["log_parser"] = parser
     metadata = {
         "instance_id": instance,
-        "repo": _source(repo, instance, options),
+        "environment": {**_environment(row, instance, options), "workdir": WORKDIR},
         "base_commit": _field(row, "base_commit"),
         "problem_statement": _field(row, "problem_statement"),
-        "setup_commands": list(options.setup_commands),
         "grading": {
-            "runner": {
-                "type": "pytest",
-                "python": options.python,
-                "plugins": list(options.plugins),
-                "paths": files,
-            },
+            "runner": runner,
             "fail_to_pass": _tests(row, "FAIL_TO_PASS"),
             "pass_to_pass": _tests(row, "PASS_TO_PASS"),
             "test_patch": test_patch,
             "timeout_s": options.timeout_s,
         },
-        "swebench": {"repo": repo, "version": str(row.get("version", ""))},
+        "swebench": {"repo": repo, "version": version},
     }
-    parse_task(metadata)  # the same validation every task file gets
-    return {"prompt": metadata["problem_statement"], "metadata": metadata}
+    try:
+        parse_task(metadata)  # the same validation every task file gets
+    except TaskError as error:
+        raise TaskError(f"(converted) {error.field}", error.message) from None
+    reference = {"patch": row["patch"]} if isinstance(row.get("patch"), str) else {}
+    return {"prompt": metadata["problem_statement"], "metadata": metadata, "reference": reference}
 
 
-def _source(repo: str, instance: str, options: ConversionOptions) -> dict[str, str]:
+def _environment(
+    row: Mapping[str, Any], instance: str, options: ConversionOptions
+) -> dict[str, str]:
     if options.template_prefix is not None:
-        return {"template": f"{options.template_prefix}{instance}"}
-    if options.repos_dir is not None:
-        return {"path": str(options.repos_dir / repo.replace("/", "__"))}
-    return {"git_url": f"https://github.com/{repo}.git"}
+        return {"e2b_template": f"{options.template_prefix}{instance}"}
+    if options.image_column is not None:
+        name = _field(row, options.image_column)
+    else:
+        name = image_name(instance, options)
+    if options.images_dir is None:
+        return {"image": name}
+    local = str(options.images_dir.resolve() / name.replace("/", "_").replace(":", "_"))
+    if options.image_format == "rootfs":
+        return {"rootfs": local}
+    return {"oci_layout": local, "ref": name.rpartition(":")[2] if ":" in name else "latest"}
+
+
+def _spec(repo: str, version: str, options: ConversionOptions) -> Mapping[str, Any]:
+    """The harness's spec of the repository and version ({} when a command is given)."""
+    specs = _swebench("constants").MAP_REPO_VERSION_TO_SPECS
+    spec = specs.get(repo, {}).get(version)
+    if spec is None:
+        if options.test_command is not None:
+            return {}
+        known = "no spec for the repository" if repo not in specs else f"no version {version!r}"
+        raise TaskError("version", f"swebench has {known} of {repo} (give test_command)")
+    return dict(spec)
+
+
+def _text_command(test_cmd: object, repo: str, version: str) -> str:
+    if isinstance(test_cmd, str) and test_cmd.strip():
+        return test_cmd
+    raise TaskError("test_cmd", f"the harness's command for {repo} {version} is not one command")
+
+
+def _framework(command: str) -> str:
+    """Which of our launchers runs the command: pytest, django or sympy."""
+    if "runtests.py" in command:
+        return "django"
+    if "bin/test" in command:
+        return "sympy"
+    return "pytest"
+
+
+def _check_parser(name: str) -> None:
+    parsers = _swebench("log_parsers")
+    if name in parsers.MAP_REPO_TO_PARSER or (
+        name.startswith("parse_log_") and hasattr(_swebench("log_parsers.python"), name)
+    ):
+        return
+    raise TaskError("repo", f"swebench has no log parser for {name} (give log_parser)")
+
+
+def _directives(row: Mapping[str, Any], repo: str, test_patch: str) -> list[str]:
+    """What the harness gives the test command: the test patch's files (Django: modules)."""
+    get_test_directives = _swebench("test_spec.python").get_test_directives
+    return [str(d) for d in get_test_directives({"repo": repo, "test_patch": test_patch})]
+
+
+def _swebench(module: str) -> Any:
+    try:
+        return importlib.import_module(f"swebench.harness.{module}")
+    except ImportError as error:
+        raise TaskError(
+            "(conversion)", f"needs the swebench package (agent-rl-swe-rl[swebench]): {error}"
+        ) from None
 
 
 def _field(row: Mapping[str, Any], key: str) -> str:

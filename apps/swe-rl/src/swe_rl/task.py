@@ -8,10 +8,14 @@ Payload shape (JSON):
 
     {
       "instance_id": "demo__calc-1",
+      "environment": {"image": "swebench/sweb.eval.x86_64.x_1776_y-1:latest",   # optional:
+                      "workdir": "/testbed"},       #   the task's own root file system
       "repo": {"path": "/data/repos/calc"}          # local sandbox: a local repository,
            | {"git_url": "https://.../calc.git"}    #   or a URL cloned once into a cache;
            | {"template": "swe-calc"},              # E2B: a template holding the checkout
-      "base_commit": "3f5c...",
+                                                    # (optional when the environment holds
+                                                    #   the repository, see below)
+      "base_commit": "3f5c...",                     # optional then too
       "problem_statement": "add() subtracts ...",
       "setup_commands": ["pip install -e ."],       # optional, run before the agent starts
       "grading": {
@@ -40,14 +44,45 @@ repository configures it (docs/grading.md):
     {"type": "command", "command": "..."}           # the task's own command, which must write
                                                     #   a JUnit XML report to $GRADING_REPORT
 
-`"test_command": "..."` in place of `runner` is the command runner (older rows).
+    {"type": "swebench",                            # SWE-bench family (swebench.py): the
+     "repo": "astropy/astropy",                     #   official harness's per-test parser for
+     "framework": "pytest" | "django" | "sympy",    #   this repository reads the run; the
+     "command": "pytest -rA ...",                   #   command is the harness's spec's, run
+     "directives": ["astropy/io/tests/test_x.py"],  #   through our launchers (grading.md)
+     "prelude": ["source /opt/miniconda3/bin/activate", "conda activate testbed"],
+     "log_parser": "astropy/astropy",               # optional: another repository's parser
+     "python": "python"}                            # optional: the interpreter after prelude
+    {"type": "reward_file",                         # Harbor tasks (harbor.py): the task's
+     "tests_dir": "/data/harbor/t1/tests",          #   tests directory (a host path), copied
+     "tests_path": "/tests",                        #   here after the agent's change; the
+     "command": "bash /tests/test.sh",              #   command writes the reward, a number in
+     "reward_file": "/logs/verifier/reward.txt",    #   [0, 1], to reward_file
+     "env": {"KEY": "value"}}                       # optional
+
+`"test_command": "..."` in place of `runner` is the command runner (older rows). The swebench
+and reward_file runners need no wanted tests for reward_file (fail_to_pass may be empty).
+
+The environment, when given, is the root file system of the agent's sandbox and of the fresh
+grading sandbox alike; exactly one of
+
+    {"image": "registry/name:tag"}                  # an OCI registry reference
+    {"oci_layout": "/data/oci/x", "ref": "tag"}     # an OCI image layout on the host
+    {"rootfs": "/data/rootfs/x", "env": {...}}      # an unpacked root file system (env optional)
+    {"e2b_template": "template-id"}                 # an E2B template
+
+plus `"workdir"`: where the image keeps the repository (default "/testbed"). Without `repo`,
+the workspace is that directory of the image itself, writable in place (SWE-bench images have
+their environment installed in editable mode against it); with `repo`, the repository is
+checked out as without an environment, on the image's root file system. Rows without an
+environment run on the host's /usr, as before.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_TEST_TIMEOUT_S = 900.0
@@ -69,6 +104,35 @@ class RepoSource:
     path: str | None = None
     git_url: str | None = None
     template: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """The task's root file system: exactly one of the sources is set."""
+
+    image: str | None = None
+    """An OCI registry reference."""
+    oci_layout: str | None = None
+    ref: str | None = None
+    """The tag of the manifest in `oci_layout` (None: its only one)."""
+    rootfs: str | None = None
+    rootfs_env: Mapping[str, str] = field(default_factory=dict)
+    e2b_template: str | None = None
+    workdir: str = "/testbed"
+    """Where the image keeps the repository (the workspace when the task names no `repo`)."""
+
+    @property
+    def label(self) -> str:
+        """The environment as one line, for reasons and tables."""
+        for kind, value in (
+            ("image", self.image),
+            ("oci layout", self.oci_layout),
+            ("rootfs", self.rootfs),
+            ("E2B template", self.e2b_template),
+        ):
+            if value is not None:
+                return f"{kind} {value}" + (f" ({self.ref})" if self.ref else "")
+        return "no environment"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +161,78 @@ class CommandRunner:
     command: str
 
 
-Runner = PytestRunner | UnittestRunner | CommandRunner
+@dataclass(frozen=True, slots=True)
+class SwebenchRunner:
+    """A SWE-bench-family task: the harness's test command for its repository and version,
+    run through our launchers, read with the harness's log parser (grading/swebench_log.py)."""
+
+    repo: str
+    framework: str
+    """pytest, django (runtests.py, unittest's verbose lines) or sympy (bin/test)."""
+    command: str
+    directives: tuple[str, ...] = ()
+    prelude: tuple[str, ...] = ()
+    log_parser: str = ""
+    """The repository whose parser reads the run (default: `repo`), or a parser's name."""
+    python: str = "python"
+
+    @property
+    def parser(self) -> str:
+        return self.log_parser or self.repo
+
+
+@dataclass(frozen=True, slots=True)
+class RewardFileRunner:
+    """A Harbor task's verifier: the task's tests directory, copied in by the grader after the
+    agent's change, and a command that writes the reward to `reward_file`."""
+
+    tests_dir: str
+    command: str
+    tests_path: str = "/tests"
+    reward_file: str = "/logs/verifier/reward.txt"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+SWEBENCH_FRAMEWORKS = ("pytest", "django", "sympy")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass(frozen=True, slots=True)
+class SwebenchCommand:
+    """A swebench runner's command, taken apart: its leading variable assignments, and the
+    runner's own arguments (pytest's, after `pytest`; a script's, after the script)."""
+
+    env: Mapping[str, str]
+    script: str | None
+    """The repository's runner script (django, sympy), None for pytest."""
+    args: tuple[str, ...]
+
+
+def split_swebench_command(framework: str, command: str) -> SwebenchCommand:
+    """Raises ValueError when the command is not one this framework's launcher can run."""
+    words = shlex.split(command)
+    env: dict[str, str] = {}
+    while words and _ASSIGNMENT.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    if not words:
+        raise ValueError("names no program")
+    if framework == "pytest":
+        if words[0] in ("pytest", "py.test"):
+            return SwebenchCommand(env, None, tuple(words[1:]))
+        if words[:3] in (["python", "-m", "pytest"], ["python3", "-m", "pytest"]):
+            return SwebenchCommand(env, None, tuple(words[3:]))
+        if words[0] == "tox":  # tox runs pytest with the repository's own arguments
+            return SwebenchCommand(env, None, ())
+        raise ValueError(f"a pytest framework command must start with pytest, got {words[0]!r}")
+    if words[0] in ("python", "python3"):
+        words = words[1:]
+    if not words or words[0].startswith("-"):
+        raise ValueError("names no runner script")
+    return SwebenchCommand(env, words[0], tuple(words[1:]))
+
+
+Runner = PytestRunner | UnittestRunner | CommandRunner | SwebenchRunner | RewardFileRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +247,19 @@ class Grading:
 @dataclass(frozen=True, slots=True)
 class SweTask:
     instance_id: str
-    repo: RepoSource
-    base_commit: str
+    repo: RepoSource | None
+    """None: the environment's image holds the repository (at `environment.workdir`)."""
+    base_commit: str | None
+    """None only when the image holds the repository: its content is the base."""
     problem_statement: str
     setup_commands: tuple[str, ...]
     grading: Grading
+    environment: Environment | None = None
+
+    @property
+    def in_image(self) -> bool:
+        """The workspace is the image's own directory (no repository to check out)."""
+        return self.repo is None
 
 
 def parse_task(payload: Mapping[str, Any]) -> SweTask:
@@ -124,20 +267,86 @@ def parse_task(payload: Mapping[str, Any]) -> SweTask:
     if not isinstance(payload, Mapping):
         raise TaskError("metadata", f"must be an object, got {type(payload).__name__}")
     grading = _object(payload, "grading")
+    environment = _environment(payload) if "environment" in payload else None
+    if environment is None or "repo" in payload:
+        repo: RepoSource | None = _repo(_object(payload, "repo"))
+    else:
+        repo = None
+    if repo is not None or "base_commit" in payload:
+        base_commit: str | None = _commit(payload)
+    else:
+        base_commit = None
+    runner = _runner(grading)
     return SweTask(
         instance_id=_text(payload, "instance_id"),
-        repo=_repo(_object(payload, "repo")),
-        base_commit=_commit(payload),
+        repo=repo,
+        base_commit=base_commit,
         problem_statement=_text(payload, "problem_statement"),
         setup_commands=_texts(payload, "setup_commands", required=False),
         grading=Grading(
-            runner=_runner(grading),
-            fail_to_pass=_texts(grading, "fail_to_pass", prefix="grading."),
+            runner=runner,
+            fail_to_pass=_texts(
+                grading,
+                "fail_to_pass",
+                prefix="grading.",
+                required=not isinstance(runner, RewardFileRunner),
+            ),
             pass_to_pass=_texts(grading, "pass_to_pass", prefix="grading.", required=False),
-            test_patch=_text(grading, "test_patch", "grading.", allow_empty=True),
+            test_patch=_text(grading, "test_patch", "grading.", allow_empty=True)
+            if "test_patch" in grading or not isinstance(runner, RewardFileRunner)
+            else "",
             timeout_s=_positive(grading, "timeout_s", "grading.", DEFAULT_TEST_TIMEOUT_S),
         ),
+        environment=environment,
     )
+
+
+_ENVIRONMENT_SOURCES = ("image", "oci_layout", "rootfs", "e2b_template")
+_ENVIRONMENT_FIELDS = frozenset({*_ENVIRONMENT_SOURCES, "ref", "env", "workdir"})
+
+
+def _environment(payload: Mapping[str, Any]) -> Environment:
+    environment = _object(payload, "environment")
+    prefix = "environment."
+    unknown = sorted(set(environment) - _ENVIRONMENT_FIELDS)
+    if unknown:
+        raise TaskError(prefix + unknown[0], "is not a field of an environment")
+    given = [key for key in _ENVIRONMENT_SOURCES if key in environment]
+    if len(given) != 1:
+        raise TaskError(
+            "environment", f"must have exactly one of {', '.join(_ENVIRONMENT_SOURCES)}"
+        )
+    (kind,) = given
+    value = _text(environment, kind, prefix)
+    if kind in ("oci_layout", "rootfs") and not value.startswith("/"):
+        raise TaskError(prefix + kind, f"must be an absolute host path, got {value!r}")
+    if "ref" in environment and kind != "oci_layout":
+        raise TaskError(prefix + "ref", "is a field of an oci_layout environment only")
+    if "env" in environment and kind != "rootfs":
+        raise TaskError(prefix + "env", "is a field of a rootfs environment only")
+    workdir = _text(environment, "workdir", prefix) if "workdir" in environment else "/testbed"
+    if not workdir.startswith("/") or workdir.rstrip("/") == "" or "/../" in f"{workdir}/":
+        raise TaskError(prefix + "workdir", f"must be an absolute directory, got {workdir!r}")
+    return Environment(
+        image=value if kind == "image" else None,
+        oci_layout=value if kind == "oci_layout" else None,
+        ref=_text(environment, "ref", prefix) if "ref" in environment else None,
+        rootfs=value if kind == "rootfs" else None,
+        rootfs_env=_strings(environment, "env", prefix),
+        e2b_template=value if kind == "e2b_template" else None,
+        workdir=workdir.rstrip("/"),
+    )
+
+
+def _strings(payload: Mapping[str, Any], key: str, prefix: str) -> dict[str, str]:
+    """An optional object of strings (an environment's variables)."""
+    value = payload.get(key, {})
+    if not isinstance(value, Mapping):
+        raise TaskError(prefix + key, "must be an object of strings")
+    for name, item in value.items():
+        if not isinstance(item, str) or not name or "=" in name or "\0" in name + item:
+            raise TaskError(f"{prefix}{key}.{name}", "must be a string (a variable's value)")
+    return dict(value)
 
 
 _PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -161,6 +370,48 @@ def _runner(grading: Mapping[str, Any]) -> Runner:
         raise TaskError(f"{prefix}{unknown[0]}", f"is not a field of a {kind} runner")
     if kind == "command":
         return CommandRunner(_text(runner, "command", prefix))
+    if kind == "swebench":
+        framework = _text(runner, "framework", prefix)
+        if framework not in SWEBENCH_FRAMEWORKS:
+            raise TaskError(
+                f"{prefix}framework",
+                f"must be one of {list(SWEBENCH_FRAMEWORKS)}, got {framework!r}",
+            )
+        command = _text(runner, "command", prefix)
+        try:
+            split_swebench_command(framework, command)
+        except ValueError as error:
+            raise TaskError(f"{prefix}command", str(error)) from None
+        return SwebenchRunner(
+            repo=_text(runner, "repo", prefix),
+            framework=framework,
+            command=command,
+            directives=_texts(runner, "directives", prefix=prefix, required=False),
+            prelude=_texts(runner, "prelude", prefix=prefix, required=False),
+            log_parser=_text(runner, "log_parser", prefix) if "log_parser" in runner else "",
+            python=_text(runner, "python", prefix) if "python" in runner else "python",
+        )
+    if kind == "reward_file":
+        paths = {}
+        for key, default in (
+            ("tests_path", "/tests"),
+            ("reward_file", "/logs/verifier/reward.txt"),
+        ):
+            paths[key] = _text(runner, key, prefix) if key in runner else default
+            if not paths[key].startswith("/") or ".." in paths[key].split("/"):
+                raise TaskError(prefix + key, f"must be an absolute path, got {paths[key]!r}")
+        tests_dir = _text(runner, "tests_dir", prefix)
+        if not tests_dir.startswith("/"):
+            raise TaskError(
+                prefix + "tests_dir", f"must be an absolute host path, got {tests_dir!r}"
+            )
+        return RewardFileRunner(
+            tests_dir=tests_dir,
+            command=_text(runner, "command", prefix),
+            tests_path=paths["tests_path"],
+            reward_file=paths["reward_file"],
+            env=_strings(runner, "env", prefix),
+        )
     python = _text(runner, "python", prefix) if "python" in runner else "python3"
     if kind == "unittest":
         return UnittestRunner(python)
@@ -182,6 +433,10 @@ _RUNNER_FIELDS: dict[str, frozenset[str]] = {
     "pytest": frozenset({"python", "config", "plugins", "paths", "args"}),
     "unittest": frozenset({"python"}),
     "command": frozenset({"command"}),
+    "swebench": frozenset(
+        {"repo", "framework", "command", "directives", "prelude", "log_parser", "python"}
+    ),
+    "reward_file": frozenset({"tests_dir", "command", "tests_path", "reward_file", "env"}),
 }
 
 

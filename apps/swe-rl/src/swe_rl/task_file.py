@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,10 @@ class TaskRow:
     prompt: str
     metadata: Mapping[str, Any]
     task: SweTask
+    reference: Mapping[str, Any] = field(default_factory=dict)
+    """The row's reference solution, outside the metadata so no episode or sample carries it:
+    `{"patch": ...}` (SWE-bench's gold patch) or `{"solution_dir": ...}` (a Harbor task's
+    `solution/`); only `swe-rl validate` reads it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,4 +89,7 @@ def _row(number: int, line: str) -> TaskRow:
         task = parse_task(metadata)
     except TaskError as error:
         raise TaskError(f"metadata.{error.field}", error.message) from None
-    return TaskRow(number, prompt, metadata, task)
+    reference = data.get("reference", {})
+    if not isinstance(reference, dict):
+        raise TaskError("reference", "must be an object (the reference solution)")
+    return TaskRow(number, prompt, metadata, task, reference)

@@ -25,13 +25,25 @@ The verdict and its reason are in the result (verdict.py). What no test-based gr
 code under test that lies about itself in-process, is in docs/grading.md.
 
 Failures of the task or the infrastructure (the sandbox, the setup, the test patch) raise
-GradingError: the episode has no trustworthy reward and is aborted, not scored 0. What the
-agent's change causes is the agent's: it is graded, and earns nothing.
+GradingError: the episode has no trustworthy reward and is aborted, not scored 0. Before the
+change is applied, the runner is proven to start in the task's environment (its interpreter
+and test framework, or its command's program); when it cannot, that is EnvironmentFailure,
+never a reward. What the agent's change causes is the agent's: it is graded, and earns
+nothing.
+
+SWE-bench-family tasks (the swebench runner) are read with the official harness's log parser
+for their repository, fed only what our runners saw (swebench_log.py); a Harbor task's reward
+is the number its verifier wrote to its reward file, read as a report file is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import os
+import shlex
+import stat
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -47,7 +59,7 @@ from sandbox import (
     apply_diff,
     run_setup,
 )
-from swe_rl.grading import runners
+from swe_rl.grading import runners, swebench_log
 from swe_rl.grading.patch_files import (
     FileSection,
     PatchError,
@@ -56,10 +68,16 @@ from swe_rl.grading.patch_files import (
     join_sections,
     split_patch,
 )
-from swe_rl.grading.report import ReportError, parse_json_report, parse_junit_report
+from swe_rl.grading.report import (
+    ReportError,
+    TestReport,
+    parse_json_report,
+    parse_junit_report,
+    parse_log_report,
+)
 from swe_rl.grading.rules import ChangeRules
 from swe_rl.grading.verdict import PASSING_STATUSES, GradeResult, Verdict
-from swe_rl.task import PytestRunner, SweTask
+from swe_rl.task import PytestRunner, RewardFileRunner, Runner, SwebenchRunner, SweTask
 
 SandboxFactory = Callable[[], Awaitable[Sandbox]]
 _LOG_TAIL = 4000
@@ -86,19 +104,49 @@ while left > 0:
     left -= len(chunk)
 """
 _LIST_BASE = """
-import subprocess, sys
-done = subprocess.run(
-    ["git", "-c", "safe.directory=*", "ls-tree", "-r", "-z", "HEAD"],
-    cwd=sys.argv[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-sys.stdout.buffer.write(done.stdout)
-sys.stderr.buffer.write(done.stderr)
-sys.exit(done.returncode)
+import os, stat, subprocess, sys
+root = sys.argv[1]
+try:
+    done = subprocess.run(
+        ["git", "-c", "safe.directory=*", "ls-tree", "-r", "-z", "HEAD"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+except OSError:
+    done = None
+if done is not None and (done.returncode == 0 or os.path.isdir(os.path.join(root, ".git"))):
+    sys.stdout.buffer.write(done.stdout)
+    sys.stderr.buffer.write(done.stderr)
+    sys.exit(done.returncode)
+# No repository (a Harbor image's working directory): its files as git would list them.
+out = []
+for top, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(top, d))]
+    for name in files + [d for d in os.listdir(top) if os.path.islink(os.path.join(top, d))]:
+        path = os.path.join(top, name)
+        mode = os.lstat(path).st_mode
+        kind = "120000" if stat.S_ISLNK(mode) else "100755" if mode & 0o111 else "100644"
+        rel = os.path.relpath(path, root).encode("utf-8", "surrogateescape")
+        out.append(kind.encode() + b" blob 0" + bytes([9]) + rel)
+sys.stdout.buffer.write(bytes(1).join(sorted(set(out))))
+"""
+_PREPARE_REWARD = """
+import os, sys
+path = sys.argv[1]
+try:
+    os.unlink(path)
+except FileNotFoundError:
+    pass
+os.makedirs(os.path.dirname(path), exist_ok=True)
 """
 _MISSING_EXIT, _NOT_REGULAR_EXIT = 2, 3
 
 
 class GradingError(RuntimeError):
     """The task or the infrastructure failed: no trustworthy reward exists."""
+
+
+class EnvironmentFailure(GradingError):
+    """The task's environment cannot run its tests at all (no interpreter, no test framework,
+    no such command), proven before the agent's change was applied: never a reward."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +201,7 @@ async def grade(
     try:
         box = await new_sandbox()
     except SandboxError as error:
-        raise GradingError(f"grading sandbox failed to start: {error}") from error
+        raise EnvironmentFailure(f"the grading sandbox failed to start: {error}") from error
     async with box:
         return await grading.run(box, sections)
 
@@ -222,10 +270,16 @@ class _Grading:
                 base[section.path] = section.mode or base.get(section.path, 0o100644)
         paths = runners.Paths(box.workspace, f"/tmp/grading-{uuid.uuid4().hex}")
         runner = self.task.grading.runner
-        config = await self._pytest_config(box, paths) if isinstance(runner, PytestRunner) else None
+        await self._preflight(box, runner)
+        plugins: tuple[str, ...] = ()
+        if isinstance(runner, SwebenchRunner) and runner.framework == "pytest":
+            plugins = await self._environment_plugins(box, runner)
+        elif isinstance(runner, PytestRunner):
+            plugins = runner.plugins
+        config = await self._pytest_config(box, paths) if _runs_pytest(runner) else None
         rules = ChangeRules(
             test_patch_paths=frozenset(p for s in test_sections for p in s.paths),
-            plugins=frozenset(runner.plugins if isinstance(runner, PytestRunner) else ()),
+            plugins=frozenset(plugins),
             test_files=frozenset(p.encode() for p in runners.test_files(runner, self.wanted)),
             config_files=frozenset([config.encode()] if config and config[0] != "/" else []),
         )
@@ -238,15 +292,24 @@ class _Grading:
         except (SandboxCommandError, UnsafePatchError) as error:
             self.log.note(f"the agent's patch does not apply: {error}")
             return self.refuse(f"the change does not apply to the base: {error}")
-        run = runners.plan(runner, self.wanted, paths, await self._write_config(box, paths, config))
+        config_path = await self._write_config(box, paths, config)
+        run = runners.plan(runner, self.wanted, paths, config_path, plugins)
         await self._write_tools(box, paths)
+        if isinstance(runner, RewardFileRunner):
+            await self._place_tests(box, runner)
         result = await box.exec(run.command, env=run.env, timeout=self.task.grading.timeout_s)
         self.log.command(f"tests: {run.command}", result)
         await self._stop_everything(box)
-        if run.report == "stdout":
+        if run.report in ("stdout", "log"):
             report: bytes | str = result.stdout.encode("utf-8", "surrogateescape")
+        elif isinstance(runner, RewardFileRunner):
+            report = await self._read_report(box, runner.reward_file)
         else:
             report = await self._read_report(box, paths.report)
+        if isinstance(runner, SwebenchRunner):
+            return await self._swebench_verdict(runner, report, run.report, result, applied)
+        if isinstance(runner, RewardFileRunner):
+            return self._reward_verdict(report, result)
         return self._verdict(report, run.report, result, applied)
 
     def refuse(self, reason: str) -> GradeResult:
@@ -277,6 +340,59 @@ class _Grading:
             raise GradingError(f"the task's test patch does not apply: {error}") from error
         return sections
 
+    async def _preflight(self, box: Sandbox, runner: Runner) -> None:
+        """Prove the runner can start here, before anything of the agent's is applied."""
+        command = runners.preflight(runner, box.workspace)
+        if command is None:
+            return
+        result = await box.exec(command, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
+        if result.exit_code in (runners.CANNOT_START, 126):
+            self.log.command("preflight", result)
+            why = (result.stderr.strip() or result.stdout.strip() or "no message")[-500:]
+            raise EnvironmentFailure(f"the test runner cannot start: {why}")
+        if not result.ok:
+            self.log.command("preflight", result)
+            raise GradingError(f"checking the test runner failed (exit {result.exit_code})")
+
+    async def _environment_plugins(self, box: Sandbox, runner: SwebenchRunner) -> tuple[str, ...]:
+        """The pytest plugins the environment's installed distributions declare, listed with
+        its own interpreter before the change is applied (autoloading stays off)."""
+        q = shlex.quote
+        command = (
+            f"{runners.prelude(runner.prelude)}exec {q(runner.python)} "
+            f"-c {q(runners.LIST_PYTEST_PLUGINS)}"
+        )
+        listed = await box.exec(command, timeout=300)
+        try:
+            names = json.loads(listed.stdout) if listed.ok else None
+        except ValueError:
+            names = None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            self.log.command("listing pytest plugins", listed)
+            raise GradingError("listing the environment's pytest plugins failed")
+        self.log.note(f"pytest plugins of the environment: {', '.join(names) or '(none)'}")
+        return tuple(names)
+
+    async def _place_tests(self, box: Sandbox, runner: RewardFileRunner) -> None:
+        """The task's tests directory, from the host, after the agent's change: nothing of the
+        agent's workspace is among them. The reward file's directory is made empty."""
+        try:
+            files = await asyncio.to_thread(_read_tree, runner.tests_dir)
+        except OSError as error:
+            raise GradingError(f"reading the task's tests {runner.tests_dir}: {error}") from None
+        try:
+            for relative, data, executable in files:
+                target = f"{runner.tests_path}/{relative}"
+                await box.write_file(target, data)
+                if executable:
+                    await box.run_python("import os,sys; os.chmod(sys.argv[1], 0o755)", [target])
+            made = await box.run_python(_PREPARE_REWARD, [runner.reward_file], timeout=60)
+        except SandboxError as error:
+            raise GradingError(f"placing the task's tests failed: {error}") from error
+        if not made.ok:
+            raise GradingError(f"preparing the reward file failed: {made.stderr.strip()}")
+        self.log.note(f"placed {len(files)} test files at {runner.tests_path}")
+
     async def _base(self, box: Sandbox) -> dict[bytes, int]:
         """Each path of the base commit and its git mode."""
         listed = await box.run_python(_LIST_BASE, [box.workspace], timeout=300)
@@ -294,8 +410,7 @@ class _Grading:
         fresh name), or the one the repository has at the base (relative to the root), or a
         fresh empty one; never one the agent's change can add or alter."""
         runner = self.task.grading.runner
-        assert isinstance(runner, PytestRunner)
-        if runner.config is not None:
+        if isinstance(runner, PytestRunner) and runner.config is not None:
             return f"{paths.workspace}/.agent-rl-pytest-{uuid.uuid4().hex}.ini"
         found = await box.run_python(
             runners.LOCATE_PYTEST_CONFIG, runners.locate_config_args(box.workspace), timeout=60
@@ -314,10 +429,11 @@ class _Grading:
         """The `-c` path for pytest, writing the task's configuration (or an empty one) where
         one is due."""
         runner = self.task.grading.runner
-        if config is None or not isinstance(runner, PytestRunner):
+        if config is None or not _runs_pytest(runner):
             return None
         if config.startswith("/"):
-            await box.write_file(config, runner.config or "[pytest]\n")
+            own = runner.config if isinstance(runner, PytestRunner) else None
+            await box.write_file(config, own or "[pytest]\n")
             return config
         return f"{paths.workspace}/{config}"
 
@@ -391,6 +507,77 @@ class _Grading:
         reason = f"{len(failing)} of {len(tests)} tests do not pass ({first_id}: {first_status})"
         return self._result(Verdict.UNRESOLVED, reason, tests)
 
+    async def _swebench_verdict(
+        self,
+        runner: SwebenchRunner,
+        report: bytes | str,
+        report_format: runners.ReportFormat,
+        result: ExecResult,
+        applied: Collection[bytes],
+    ) -> GradeResult:
+        """The harness's parser reads what our runner reported (never the printed log)."""
+        missing = dict.fromkeys(self.wanted, "missing")
+        if result.timed_out:
+            reason = f"the tests ran past their {self.task.grading.timeout_s:.0f} s limit"
+            return self._result(Verdict.TESTS_TIMED_OUT, reason, missing, timed_out=True)
+        if isinstance(report, str) or not report:
+            return self._result(
+                Verdict.NO_REPORT, report or "the test run wrote no report", missing
+            )
+        try:
+            parser = await asyncio.to_thread(swebench_log.load_parser, runner.parser)
+        except swebench_log.ParserUnavailableError as error:
+            raise GradingError(str(error)) from None
+        errors: Mapping[str, str] = {}
+        try:
+            if report_format == "log":
+                log = parse_log_report(report).log
+            else:
+                parsed: TestReport = parse_json_report(report)
+                errors = parsed.collection_errors
+                log = swebench_log.pytest_summary(parsed)
+        except ReportError as error:
+            return self._result(Verdict.NO_REPORT, f"unusable report: {error}", missing)
+        self.log.note(f"--- what the parser read ---\n{log[-_LOG_TAIL:]}")
+        status_map = await asyncio.to_thread(swebench_log.parse, parser, log, runner.repo)
+        tests = swebench_log.outcomes(status_map, self.wanted)
+        for test_id, status in tests.items():
+            self.log.note(f"{status:>8}  {test_id}")
+        grading = self.task.grading
+        failing = swebench_log.failing(tests, grading.fail_to_pass, grading.pass_to_pass)
+        if not failing:
+            return self._result(Verdict.RESOLVED, "every wanted test passes", tests)
+        if errors and all(tests[t] == "missing" for t, _ in failing):
+            where, why = next(iter(errors.items()))
+            first = why.strip().splitlines()[-1:] or [""]
+            reason = f"the tests could not be collected: {where}: {first[0][:300]}"
+            return self._result(Verdict.COLLECTION_ERROR, reason, tests, errors=errors)
+        first_id, first_status = failing[0]
+        reason = f"{len(failing)} of {len(tests)} tests do not pass ({first_id}: {first_status})"
+        return self._result(Verdict.UNRESOLVED, reason, tests)
+
+    def _reward_verdict(self, report: bytes | str, result: ExecResult) -> GradeResult:
+        """A Harbor verifier's reward: one number in [0, 1] in its reward file."""
+        if result.timed_out:
+            reason = f"the tests ran past their {self.task.grading.timeout_s:.0f} s limit"
+            return self._result(Verdict.TESTS_TIMED_OUT, reason, {}, timed_out=True)
+        if isinstance(report, str):
+            return self._result(Verdict.NO_REPORT, report.replace("report", "reward file"), {})
+        value = _reward_value(report)
+        if value is None:
+            shown = report[:80].decode("utf-8", "replace")
+            return self._result(
+                Verdict.NO_REPORT, f"the reward file holds no reward: {shown!r}", {}
+            )
+        self.log.note(f"reward file: {value}")
+        if value >= 1.0:
+            return self._result(
+                Verdict.RESOLVED, "the verifier gave the full reward", {}, score=1.0
+            )
+        return self._result(
+            Verdict.UNRESOLVED, f"the verifier gave a reward of {value:g}", {}, score=value
+        )
+
     def _result(
         self,
         verdict: Verdict,
@@ -399,6 +586,7 @@ class _Grading:
         *,
         timed_out: bool = False,
         errors: Mapping[str, str] | None = None,
+        score: float | None = None,
     ) -> GradeResult:
         if self.refused and verdict is not Verdict.RESOLVED:
             reason += f"; {len(self.refused)} refused: " + ", ".join(
@@ -406,5 +594,45 @@ class _Grading:
             )
         self.log.note(f"verdict: {verdict}: {reason}")
         return GradeResult(
-            verdict, reason, tests, self.refused, timed_out, True, dict(errors or {})
+            verdict, reason, tests, self.refused, timed_out, True, dict(errors or {}), score
         )
+
+
+def _runs_pytest(runner: Runner) -> bool:
+    return isinstance(runner, PytestRunner) or (
+        isinstance(runner, SwebenchRunner) and runner.framework == "pytest"
+    )
+
+
+def _reward_value(data: bytes) -> float | None:
+    """The reward a Harbor verifier wrote: a number (reward.txt), or {"reward": number}
+    (reward.json); None unless it is one finite number in [0, 1]."""
+    try:
+        text = data.decode("utf-8").strip()
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get("reward")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and 0.0 <= number <= 1.0 else None
+
+
+def _read_tree(root: str) -> list[tuple[str, bytes, bool]]:
+    """Every regular file under `root` (a task's tests directory on the host): its relative
+    path, bytes and whether it is executable; links are not followed."""
+    files = []
+    for top, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(top, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode):
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                files.append((os.path.relpath(path, root), data, bool(mode & 0o111)))
+    if not files:
+        raise FileNotFoundError(f"no test files in {root}")
+    return files

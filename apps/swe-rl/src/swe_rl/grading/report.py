@@ -68,6 +68,31 @@ def parse_json_report(data: bytes) -> TestReport:
     return TestReport(tests, files, errors)
 
 
+@dataclass(frozen=True, slots=True)
+class LogReport:
+    """What tools/log_runner.py kept of a runner's output: its reporter's per-test writes."""
+
+    log: str
+    exit_code: int
+
+
+def parse_log_report(data: bytes) -> LogReport:
+    """The stdout of tools/log_runner.py: exactly one report line holding the reporter's log."""
+    _check_size(data)
+    if not data.startswith(REPORT_MARKER) or data.count(b"\n") != 1 or data[-1:] != b"\n":
+        raise ReportError("the runner's output is not exactly one report line")
+    try:
+        document = json.loads(data[len(REPORT_MARKER) :])
+    except ValueError as error:
+        raise ReportError(f"report is not JSON: {error}") from None
+    if not isinstance(document, dict) or document.get("runner") != "log":
+        raise ReportError("report is not a log runner's")
+    log, code = document.get("log"), document.get("exit_code")
+    if not isinstance(log, str) or not isinstance(code, int) or isinstance(code, bool):
+        raise ReportError("report has no log text and exit code")
+    return LogReport(log, code)
+
+
 def parse_junit_report(data: bytes) -> TestReport:
     """A JUnit XML report (a task's own command). A case's id is its pytest node id when the
     report names its file (`file` attribute), else `classname.name`."""

@@ -12,6 +12,13 @@ The repository never configures the test run: that is the whole point of this mo
   repository last on the import path.
 - command: the task's own command, which writes JUnit XML to $GRADING_REPORT; such a task
   answers for its runner's configuration itself (docs/grading.md).
+- swebench: the SWE-bench harness's command for the repository and version, after the task's
+  prelude (activating the image's environment): a pytest command runs through our pytest
+  launcher as above (plugins: the environment's own, listed before the change is applied);
+  Django's and SymPy's runner scripts through tools/log_runner.py, which reports only what the
+  runner's reporter wrote (swebench_log.py reads either with the harness's parser).
+- reward_file: a Harbor verifier: the task's tests, copied in by the grader after the change,
+  and its command, which writes the reward to a file outside the repository.
 Every run gets PYTHONSAFEPATH and PYTHONDONTWRITEBYTECODE. Our runners write their report to
 their own stdout, which no process they start inherits; a task's command writes JUnit to a
 private path outside the repository.
@@ -24,10 +31,20 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from swe_rl.task import PytestRunner, Runner, UnittestRunner
+from swe_rl.task import (
+    CommandRunner,
+    PytestRunner,
+    RewardFileRunner,
+    Runner,
+    SwebenchRunner,
+    UnittestRunner,
+    split_swebench_command,
+)
 
-ReportFormat = Literal["stdout", "junit"]
-TOOLS = ("pytest_runner.py", "unittest_runner.py")
+ReportFormat = Literal["stdout", "junit", "log", "reward"]
+TOOLS = ("pytest_runner.py", "unittest_runner.py", "log_runner.py")
+#: Exit status of a preflight whose interpreter or command cannot start in the environment.
+CANNOT_START = 127
 _BASE_ENV = {"PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 _PYTEST_ENV = {**_BASE_ENV, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
@@ -93,14 +110,114 @@ class TestRun:
     report: ReportFormat
 
 
+#: Run with the task environment's interpreter (after the prelude), before the change is
+#: applied: the module names of the pytest plugins its installed distributions declare
+#: (`pytest11` entry points), as JSON. Old environments: pkg_resources; Python 3.5 syntax.
+LIST_PYTEST_PLUGINS = """
+import json, sys
+names = set()
+try:
+    from importlib.metadata import distributions
+    for dist in distributions():
+        for ep in dist.entry_points:
+            if ep.group == "pytest11":
+                names.add(ep.value.split(":")[0].strip())
+except ImportError:
+    import pkg_resources
+    for ep in pkg_resources.iter_entry_points("pytest11"):
+        names.add(ep.module_name)
+sys.stdout.write(json.dumps(sorted(names)))
+"""
+
+
+def prelude(lines: tuple[str, ...]) -> str:
+    """The task's prelude as a shell prefix: run in this shell (its exports stay), with its
+    output on stderr (stdout is the report's)."""
+    if not lines:
+        return ""
+    return "{\n" + "\n".join(lines) + "\n} >&2\n"
+
+
+def preflight(runner: Runner, workspace: str) -> str | None:
+    """A command proving the runner can start in the environment, run before the agent's
+    change is applied (so nothing of the agent's decides it): exit 0, or CANNOT_START with why
+    on stderr. None: nothing to check beyond the command itself."""
+    q = shlex.quote
+    if isinstance(runner, PytestRunner | UnittestRunner | SwebenchRunner):
+        head = prelude(runner.prelude) if isinstance(runner, SwebenchRunner) else ""
+        module = "unittest"
+        if isinstance(runner, PytestRunner) or (
+            isinstance(runner, SwebenchRunner) and runner.framework == "pytest"
+        ):
+            module = "pytest"
+        check = f"import {module}"
+        script = ""
+        if isinstance(runner, SwebenchRunner) and runner.framework != "pytest":
+            name = split_swebench_command(runner.framework, runner.command).script
+            assert name is not None
+            script = (
+                f"test -f {q(name)} || {{ echo {q(f'no {name} in {workspace}')} >&2; "
+                f"exit {CANNOT_START}; }}\n"
+            )
+        return (
+            f"{head}{script}command -v {q(runner.python)} >/dev/null 2>&1 || "
+            f"{{ echo {q(f'{runner.python}: command not found')} >&2; exit {CANNOT_START}; }}\n"
+            f"{q(runner.python)} -c {q(check)} || exit {CANNOT_START}"
+        )
+    command = runner.command
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    while words and "=" in words[0] and not words[0].startswith("="):
+        words.pop(0)
+    if not words:
+        return None
+    return (
+        f"command -v -- {q(words[0])} >/dev/null 2>&1 || "
+        f"{{ echo {q(f'{words[0]}: command not found')} >&2; exit {CANNOT_START}; }}"
+    )
+
+
 def locate_config_args(workspace: str) -> list[str]:
     return [workspace, json.dumps(PYTEST_CONFIG_FILES)]
 
 
-def plan(runner: Runner, wanted: tuple[str, ...], paths: Paths, config: str | None) -> TestRun:
+def plan(
+    runner: Runner,
+    wanted: tuple[str, ...],
+    paths: Paths,
+    config: str | None,
+    plugins: tuple[str, ...] = (),
+) -> TestRun:
     """The test command for `runner`, run from the repository root. `config` is the path of
-    pytest's configuration file (pytest runs only)."""
+    pytest's configuration file (pytest runs only); `plugins` the environment's own pytest
+    plugins (a swebench pytest run)."""
     q = shlex.quote
+    if isinstance(runner, SwebenchRunner):
+        split = split_swebench_command(runner.framework, runner.command)
+        head = prelude(runner.prelude)
+        if runner.framework == "pytest":
+            as_pytest = PytestRunner(
+                python=runner.python,
+                plugins=plugins,
+                paths=runner.directives,
+                args=split.args,
+            )
+            run = plan(as_pytest, wanted, paths, config)
+            return TestRun(head + run.command, {**run.env, **split.env}, "stdout")
+        assert split.script is not None
+        arguments = [
+            f"{paths.tools}/log_runner.py",
+            runner.framework,
+            split.script,
+            *split.args,
+            *runner.directives,
+        ]
+        command = f"{head}exec {q(runner.python)} {shlex.join(arguments)}"
+        return TestRun(command, {**_BASE_ENV, **split.env}, "log")
+    if isinstance(runner, RewardFileRunner):
+        return TestRun(runner.command, {**_BASE_ENV, **runner.env}, "reward")
     if isinstance(runner, PytestRunner):
         if config is None:
             raise ValueError("a pytest run needs its configuration file")
@@ -122,6 +239,7 @@ def plan(runner: Runner, wanted: tuple[str, ...], paths: Paths, config: str | No
         tool = f"{paths.tools}/unittest_runner.py"
         command = f"exec {q(runner.python)} {shlex.join([tool, paths.wanted])}"
         return TestRun(command, dict(_BASE_ENV), "stdout")
+    assert isinstance(runner, CommandRunner)
     env = {**_BASE_ENV, "GRADING_REPORT": paths.report, "GRADING_TOOLS": paths.tools}
     return TestRun(runner.command, env, "junit")
 
@@ -133,6 +251,12 @@ def test_files(runner: Runner, wanted: tuple[str, ...]) -> list[str]:
     `pkg/module.py` or `pkg/module/__init__.py`.
     """
     files: dict[str, None] = {}
+    if isinstance(runner, SwebenchRunner | RewardFileRunner):
+        # Dataset ids are the harness parser's keys, not paths; the test patch's files and
+        # the directives are the task's tests.
+        if isinstance(runner, RewardFileRunner):
+            return []
+        return [d for d in runner.directives if d.endswith(".py")]
     for test_id in wanted:
         if isinstance(runner, PytestRunner) or "::" in test_id:
             files[test_id.split("::", 1)[0]] = None

@@ -44,10 +44,16 @@ class GradeResult:
     timed_out: bool = False
     patch_applied: bool = False
     collection_errors: Mapping[str, str] = field(default_factory=dict)
+    score: float | None = None
+    """A verifier's own reward in [0, 1] (a Harbor task's reward file), when it gave one."""
 
     @property
     def reward(self) -> float:
-        return 1.0 if self.verdict is Verdict.RESOLVED else 0.0
+        if self.verdict is Verdict.RESOLVED:
+            return 1.0
+        if self.verdict is Verdict.UNRESOLVED and self.score is not None:
+            return self.score
+        return 0.0
 
     @property
     def resolved(self) -> bool:
@@ -73,4 +79,5 @@ class GradeResult:
             "tests": tests,
             "tests_passing": passing,
             "collection_errors": {k: v[-1000:] for k, v in self.collection_errors.items()},
+            "score": self.score,
         }

@@ -1,0 +1,106 @@
+"""`swe-rl validate TASKS`: the command around swe_rl/validate.py (table, progress, files)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sandbox import LocalBackend, LocalConfig
+from swe_rl.errors import UsageError
+from swe_rl.task_file import TaskRow, read_task_file
+from swe_rl.validate import ValidateConfig, Validation, Validator, passing_lines, validate_rows
+
+
+async def run_validate(args: argparse.Namespace) -> int:
+    console = Console()
+    rows = _rows(args.tasks, console)
+    if shutil.which("bwrap") is None:
+        raise UsageError("validate runs every task in a bubblewrap sandbox: install bubblewrap")
+    state: Path = args.state or args.tasks.with_suffix(".validate-state.jsonl")
+    config = ValidateConfig(
+        backend=LocalBackend(LocalConfig()),
+        sources_cache=args.cache_dir / "sources",
+        logs=args.logs,
+    )
+    with Progress(
+        TextColumn("[bold]validating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        bar = progress.add_task("tasks", total=len(rows))
+
+        def done(result: Validation) -> None:
+            progress.advance(bar)
+
+        results = await validate_rows(
+            rows,
+            Validator(config),
+            concurrency=args.concurrency,
+            state=state,
+            retry_failed=args.retry_failed,
+            on_result=done,
+        )
+        progress.update(bar, completed=len(rows))
+    console.print(table(results))
+    passed = sum(r.ok for r in results)
+    if args.out is not None:
+        lines = passing_lines(rows, results)
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"cannot write {args.out}: {error.strerror}") from None
+        console.print(f"wrote the {passed} passing tasks to {args.out}")
+    console.print(f"{passed} of {len(results)} tasks pass; state: {state}")
+    for result in results:
+        if not result.ok:
+            console.print(f"[red]FAILED[/] {result.instance_id}: {result.reason}", highlight=False)
+    return 0 if passed == len(results) else 1
+
+
+def table(results: list[Validation]) -> Table:
+    view = Table(title="task validation")
+    for column in ("task", "empty", "gold", "verdict", "time"):
+        view.add_column(column, justify="right" if column == "time" else "left")
+    for result in results:
+        view.add_row(
+            result.instance_id,
+            _reward(result.empty, want=0.0),
+            _reward(result.gold, want=1.0),
+            "[green]ok[/]" if result.ok else f"[red]{_short(result.reason)}[/]",
+            f"{result.seconds:.1f} s" + (" (earlier)" if result.earlier else ""),
+        )
+    return view
+
+
+def _reward(value: float | None, *, want: float) -> str:
+    if value is None:
+        return "-"
+    colour = "green" if value == want else "red"
+    return f"[{colour}]{value:g}[/]"
+
+
+def _short(reason: str, width: int = 90) -> str:
+    return reason if len(reason) <= width else reason[: width - 3] + "..."
+
+
+def _rows(path: Path, console: Console) -> list[TaskRow]:
+    try:
+        tasks = read_task_file(path)
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+    for problem in tasks.errors:
+        console.print(f"[yellow]skipped[/] {path.name} {problem}", highlight=False)
+    if not tasks.rows:
+        raise UsageError(f"{path} has no usable task rows")
+    return list(tasks.rows)
