@@ -50,7 +50,8 @@ def test_a_row_runs_in_its_official_image_with_the_harness_command() -> None:
     row = convert_row(ROW, ConversionOptions())
     task = parse_task(row["metadata"])
     assert task.instance_id == "astropy__astropy-12907"
-    assert task.repo is None and task.in_image  # the image holds the repository
+    assert task.repo is None
+    assert task.in_image
     assert task.environment == Environment(
         image="swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", workdir="/testbed"
     )
@@ -105,7 +106,8 @@ def test_image_sources_a_mirror_a_column_local_images_or_e2b(tmp_path: Path) -> 
         tmp_path / "swebench_sweb.eval.x86_64.astropy_1776_astropy-12907_latest"
     )
     layout = environment(ConversionOptions(images_dir=tmp_path))
-    assert layout["ref"] == "latest" and layout["oci_layout"].startswith(str(tmp_path))
+    assert layout["ref"] == "latest"
+    assert layout["oci_layout"].startswith(str(tmp_path))
     assert environment(ConversionOptions(template_prefix="swe-")) == {
         "e2b_template": "swe-astropy__astropy-12907",
         "workdir": "/testbed",
@@ -119,8 +121,7 @@ def test_a_dataset_the_harness_does_not_know_gives_its_command_and_parser() -> N
         (
             1,
             "getmoto__moto-5752",
-            "version: swebench has no spec for the repository of getmoto/moto "
-            "(give test_command)",
+            "version: swebench has no spec for the repository of getmoto/moto (give test_command)",
         ),
     )
     options = ConversionOptions(test_command="pytest -n0 -rA", log_parser="parse_log_pytest")
