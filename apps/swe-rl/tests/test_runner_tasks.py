@@ -112,7 +112,7 @@ def test_the_rest_of_grading_is_read_alongside_the_runner() -> None:
     assert task.grading.timeout_s == 60.0
 
 
-KINDS = ['command', 'pytest', 'reward_file', 'swebench', 'unittest']
+KINDS = ["command", "pytest", "reward_file", "swebench", "unittest"]
 
 
 @pytest.mark.parametrize(
