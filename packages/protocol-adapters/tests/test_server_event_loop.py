@@ -147,7 +147,8 @@ def described(handle: Any) -> str:
         code = awaited.cr_frame.f_code
         frames.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{awaited.cr_frame.f_lineno}")
         awaited = awaited.cr_await
-    return f"a step of {task.get_name()} that stopped at {' > '.join(frames) or 'its end'}"
+    coroutine = getattr(task.get_coro(), "__qualname__", "?")
+    return f"a step of {coroutine} that stopped at {' > '.join(frames) or 'its end'}"
 
 
 @contextlib.contextmanager

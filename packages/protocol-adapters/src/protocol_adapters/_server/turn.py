@@ -74,6 +74,10 @@ _ENGINE_INPUT_TOO_LONG = re.compile(
 )
 
 
+CHUNKS_PER_STEP = 8
+"""Engine chunks a streamed turn handles at most before it lets other tasks run."""
+
+
 @dataclass(frozen=True, slots=True)
 class TurnOutcome:
     reply: ParsedReply
@@ -393,7 +397,14 @@ class TurnRunner:
         chunks = self._engine.stream(engine_request)
         announced = False
         try:
+            handled = 0
             async for chunk in chunks:
+                handled += 1
+                if handled % CHUNKS_PER_STEP == 0:
+                    # Chunks the engine sent faster than the client reads arrive buffered, and
+                    # reading them never suspends: give the loop back now and then, so one long
+                    # reply cannot hold every other session's turns.
+                    await asyncio.sleep(0)
                 ids.extend(chunk.output_ids)
                 logprobs.extend(chunk.output_logprobs)
                 weight_version = chunk.weight_version or weight_version
