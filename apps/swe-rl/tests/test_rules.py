@@ -516,3 +516,15 @@ def test_a_relocated_symlink_leaving_the_repository_is_refused(tmp_path: Path) -
     base: Tree = {b"README": b"r\n", b"a/b/link": Link(b"../../README")}
     patch = make_patch(tmp_path / "repo", base, [Move(b"a/b/link", b"link")])
     assert b"link" in ChangeRules().refused(split_patch(patch), modes(base))
+
+
+def test_a_repository_runner_is_refused_where_it_is_not_in_a_test_directory() -> None:
+    """SymPy's runner (`bin/test`, `sympy/utilities/runtests.py` in older releases) reports the
+    results a SWE-bench parser reads: a change to it could report passes it never ran."""
+    rules = ChangeRules(runner_files=frozenset({b"bin/test", b"sympy/utilities/runtests.py"}))
+    sections = [modified(b"bin/test"), modified(b"sympy/utilities/runtests.py")]
+    assert rules.refused(sections, {}) == {
+        b"bin/test": "the repository's test runner",
+        b"sympy/utilities/runtests.py": "the repository's test runner",
+    }
+    assert ChangeRules().refused(sections, {}) == {}

@@ -60,6 +60,9 @@ class ConversionOptions:
     """The test command for every row (a dataset whose repositories the harness does not know)."""
     log_parser: str | None = None
     """The harness's parser for every row: a repository ("owner/name") or a parser's name."""
+    activate: tuple[str, ...] | None = None
+    """What activates the image's environment before the tests (None: SWE-bench's conda
+    environment `testbed`; () for images whose interpreter is on the PATH as it is)."""
     timeout_s: float = 1800.0
 
 
@@ -107,7 +110,8 @@ def convert_row(row: Mapping[str, Any], options: ConversionOptions) -> dict[str,
     directives = _directives(row, repo, test_patch)
     if not directives:
         raise TaskError("test_patch", "names no test file to run")
-    prelude = [*ACTIVATE, *(str(c) for c in spec.get("eval_commands", []))]
+    activate = ACTIVATE if options.activate is None else options.activate
+    prelude = [*activate, *(str(c) for c in spec.get("eval_commands", []))]
     runner: dict[str, Any] = {
         "type": "swebench",
         "repo": repo,

@@ -282,6 +282,7 @@ class _Grading:
             plugins=frozenset(plugins),
             test_files=frozenset(p.encode() for p in runners.test_files(runner, self.wanted)),
             config_files=frozenset([config.encode()] if config and config[0] != "/" else []),
+            runner_files=_runner_files(runner),
         )
         refused, applied, kept = await asyncio.to_thread(_split_by_rules, rules, sections, base)
         self.refused = {display(path): why for path, why in sorted(refused.items())}
@@ -596,6 +597,19 @@ class _Grading:
         return GradeResult(
             verdict, reason, tests, self.refused, timed_out, True, dict(errors or {}), score
         )
+
+
+#: The files a repository's own test runner is made of, where they are not in a test directory.
+_RUNNER_FILES = {
+    "sympy": frozenset({b"bin/test", b"sympy/utilities/runtests.py"}),
+    "django": frozenset({b"tests/runtests.py"}),
+}
+
+
+def _runner_files(runner: Runner) -> frozenset[bytes]:
+    if isinstance(runner, SwebenchRunner):
+        return _RUNNER_FILES.get(runner.framework, frozenset())
+    return frozenset()
 
 
 def _runs_pytest(runner: Runner) -> bool:

@@ -6,7 +6,8 @@ change can do that makes failing code pass is refused, file by file, with the re
 - **the task's tests**: files of the test patch, the files holding the wanted tests, test
   modules, anything in a test directory;
 - **what the runner loads or reads by itself**: `conftest.py`, the configuration file the
-  test run was given, and runner configuration files by name. The pytest and unittest
+  test run was given, runner configuration files by name, and a repository's own runner
+  (SymPy's `bin/test` and runner module). The pytest and unittest
   runners take their configuration from the task, never from discovery in the repository
   (runners.py), so a config file the list does not name is harmless to them; the list
   guards tasks that bring their own command;
@@ -79,6 +80,7 @@ RUNNER_MODULES = frozenset(
         "typing_extensions",
         "unittest_runner",
         "pytest_runner",
+        "log_runner",
     }
 )
 #: Standard-library modules, including a few that newer Pythons dropped but older task
@@ -101,6 +103,8 @@ class ChangeRules:
     """Files that hold the wanted tests, whatever their names."""
     config_files: frozenset[bytes] = frozenset()
     """The configuration file the test run reads (pytest's `-c`)."""
+    runner_files: frozenset[bytes] = frozenset()
+    """The repository's own test runner (SymPy's `bin/test`, `sympy/utilities/runtests.py`)."""
     plugins: frozenset[str] = field(default_factory=frozenset)
 
     def refused(
@@ -143,6 +147,8 @@ class ChangeRules:
             return "a file holding the task's tests"
         if path in self.config_files:
             return "the test run's configuration file"
+        if path in self.runner_files:
+            return "the repository's test runner"
         if any(part in TEST_DIRECTORIES for part in parts[:-1]):
             return "inside a test directory"
         if name.endswith(b".py") and (name.startswith(b"test_") or name.endswith(b"_test.py")):
