@@ -51,3 +51,38 @@ async def test_each_row_of_run_json_carries_the_verdict_its_reason_and_the_refus
     assert row["reason"] == GRADING["reason"]
     sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert sample["metadata"][NAMESPACE]["episode"]["artifacts"]["grading"] == GRADING
+
+
+ENVIRONMENT = "environment: the sandbox cannot start (image swebench/x:latest): manifest unknown"
+
+
+async def test_a_run_counts_its_aborts_by_cause_and_the_alarm_names_the_environment(
+    tmp_path: Path,
+) -> None:
+    """Most episodes aborting for their environment: the run says so, it is not zeros."""
+    rows = parse_task_lines([json.dumps(r) for r in create_demo_tasks(tmp_path / "repos")]).rows
+    reasons = [ENVIRONMENT, ENVIRONMENT, ENVIRONMENT, "sandbox: boot failed", None]
+
+    async def source(episode: PlannedEpisode) -> list[Any]:
+        reason = reasons[episode.index]
+        facts = {
+            "status": "completed" if reason is None else "aborted",
+            "reason": reason or "every wanted test passes",
+            "reward": 1.0 if reason is None else 0.0,
+            "trained_tokens": 10 if reason is None else 0,
+            "tool_calls": 1,
+        }
+        metadata = {NAMESPACE: {"episode": facts, "sample": {}}}
+        return [StandInSample(index=episode.index, group_index=episode.group, metadata=metadata)]
+
+    out = tmp_path / "run"
+    run = Run(out=out, source=source, concurrency=2, title="t", policy="p", agent="a")
+    result = await run.execute(plan(rows[:1], 5))
+    document = json.loads((out / "run.json").read_text())
+    assert document["aborts"] == {"environment": 3, "sandbox": 1}
+    alarms = {alarm["gate"]: alarm["message"] for alarm in document["alarms"]}
+    assert alarms["environment_aborts"].startswith(
+        "3 of 5 episodes (60%) exceed the 50% limit; aborted: environment 3; e.g. environment: "
+    )
+    assert "manifest unknown" in alarms["environment_aborts"]
+    assert "environment_aborts" in result.gates.describe()

@@ -72,3 +72,92 @@ def test_bad_rows_are_reported_with_row_and_field_and_skipped(
 def test_a_payload_that_is_not_an_object_is_a_task_error() -> None:
     with pytest.raises(TaskError, match="metadata: must be an object"):
         parse_task([])  # type: ignore[arg-type]
+
+
+def image_payload(**changes: object) -> dict[str, object]:
+    payload: dict[str, object] = {
+        "instance_id": "x__y-1",
+        "environment": {"image": "swebench/sweb.eval.x86_64.x_1776_y-1:latest"},
+        "problem_statement": "fix it",
+        "grading": {
+            "runner": {"type": "pytest"},
+            "fail_to_pass": ["tests/test_x.py::test_y"],
+            "test_patch": "",
+        },
+    }
+    payload.update(changes)
+    return payload
+
+
+def test_an_environment_holding_the_repository_needs_no_repo_or_base_commit() -> None:
+    task = parse_task(image_payload())
+    assert task.repo is None
+    assert task.base_commit is None
+    assert task.in_image
+    assert task.environment is not None
+    assert task.environment.workdir == "/testbed"  # SWE-bench's images keep it there
+    pinned = parse_task(image_payload(base_commit="ABC123"))
+    assert pinned.base_commit == "abc123"
+
+
+def test_an_environment_with_a_repo_checks_the_repository_out_on_the_image(
+    good_row: dict[str, object],
+) -> None:
+    metadata = dict(good_row["metadata"])  # type: ignore[call-overload]
+    task = parse_task({**metadata, "environment": {"rootfs": "/data/rootfs/x", "env": {"A": "1"}}})
+    assert task.repo is not None
+    assert not task.in_image
+    assert task.environment is not None
+    assert dict(task.environment.rootfs_env) == {"A": "1"}
+
+
+def test_rows_without_an_environment_still_need_their_repository() -> None:
+    payload = image_payload()
+    del payload["environment"]
+    with pytest.raises(TaskError, match=r"^repo: is required and must be an object$"):
+        parse_task(payload)
+
+
+@pytest.mark.parametrize(
+    ("environment", "field", "message"),
+    [
+        ({}, "environment", "must have exactly one of image, oci_layout, rootfs, e2b_template"),
+        ({"image": "a", "rootfs": "/b"}, "environment", "must have exactly one of"),
+        ({"image": ""}, "environment.image", "must not be empty"),
+        ({"oci_layout": "relative/dir"}, "environment.oci_layout", "must be an absolute host path"),
+        ({"image": "a", "ref": "v1"}, "environment.ref", "is a field of an oci_layout"),
+        ({"image": "a", "env": {}}, "environment.env", "is a field of a rootfs"),
+        ({"rootfs": "/r", "env": {"A": 1}}, "environment.env.A", "must be a string"),
+        ({"image": "a", "workdir": "testbed"}, "environment.workdir", "must be an absolute"),
+        ({"image": "a", "platform": "arm64"}, "environment.platform", "is not a field"),
+        ("swebench/x", "environment", "is required and must be an object"),
+    ],
+)
+def test_a_bad_environment_names_its_field(environment: object, field: str, message: str) -> None:
+    with pytest.raises(TaskError) as raised:
+        parse_task(image_payload(environment=environment))
+    assert raised.value.field == field
+    assert message in raised.value.message
+
+
+def test_the_sandbox_is_built_from_the_environment(tmp_path: Path) -> None:
+    from pathlib import PurePosixPath
+
+    from sandbox import GitWorkspace
+    from sandbox._spec import ImageWorkspace, OciLayoutImage, RegistryImage, RootfsImage
+    from swe_rl.environment import sandbox_spec
+
+    in_image = parse_task(image_payload())
+    spec = sandbox_spec(in_image, None, env={})
+    assert spec.image == RegistryImage("swebench/sweb.eval.x86_64.x_1776_y-1:latest")
+    assert spec.workspace == ImageWorkspace(PurePosixPath("/testbed"))
+    layout = parse_task(image_payload(environment={"oci_layout": "/o", "ref": "v1"}))
+    assert sandbox_spec(layout, None, env={}).image == OciLayoutImage(Path("/o"), "v1")
+    rootfs = parse_task(
+        image_payload(environment={"rootfs": "/r", "workdir": "/app"}, base_commit="abc1")
+    )
+    spec = sandbox_spec(rootfs, None, env={})
+    assert spec.image == RootfsImage(Path("/r"))
+    assert spec.workspace == ImageWorkspace(PurePosixPath("/app"))
+    with_repo = parse_task(image_payload(repo={"path": "/src"}, base_commit="abc1"))
+    assert sandbox_spec(with_repo, tmp_path, env={}).workspace == GitWorkspace(tmp_path, "abc1")
