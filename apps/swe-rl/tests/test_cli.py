@@ -39,7 +39,9 @@ def swe_rl(
         (("rollout",), "--engine-url URL"),
         (("train",), "--dry-run"),
         (("view",), "RUN_DIR"),
-        (("convert-swebench",), "gold patch is never copied"),
+        (("convert-swebench",), "never to what an episode sees"),
+        (("convert-harbor",), "copied into the grading sandbox after the agent's change"),
+        (("validate",), "the empty change must earn 0"),
     ],
 )
 def test_every_command_has_help(args: tuple[str, ...], expected: str) -> None:
@@ -58,6 +60,8 @@ def test_every_command_has_help(args: tuple[str, ...], expected: str) -> None:
         (("view", "/nonexistent/run"), "/nonexistent/run holds no readable run.json"),
         (("train", "/nonexistent/run.toml"), "/nonexistent/run.toml"),
         (("convert-swebench", "/nonexistent/in.jsonl", "out.jsonl"), "cannot read"),
+        (("convert-harbor", "/nonexistent", "out.jsonl"), "cannot read /nonexistent"),
+        (("validate", "/nonexistent/tasks.jsonl"), "cannot read /nonexistent/tasks.jsonl"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(args: tuple[str, ...], message: str) -> None:
@@ -72,8 +76,9 @@ def test_bad_arguments_get_one_clear_line(args: tuple[str, ...], message: str) -
 def test_convert_swebench_writes_rows_and_lists_what_it_skipped(tmp_path: Path) -> None:
     row = {
         "repo": "pallets/flask",
-        "instance_id": "pallets__flask-1",
+        "instance_id": "pallets__flask-4045",
         "base_commit": "a" * 40,
+        "version": "2.0",
         "problem_statement": "It breaks.",
         "test_patch": "diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n"
         "+++ b/tests/test_x.py\n@@ -1 +1,2 @@\n x\n+y\n",
@@ -82,14 +87,30 @@ def test_convert_swebench_writes_rows_and_lists_what_it_skipped(tmp_path: Path) 
         "patch": "the gold fix",
     }
     source = tmp_path / "swebench.json"
-    source.write_text(json.dumps([row, {**row, "repo": "django/django", "instance_id": "d-1"}]))
+    source.write_text(json.dumps([row, {**row, "repo": "acme/unknown", "instance_id": "a-1"}]))
     out = tmp_path / "tasks.jsonl"
-    result = swe_rl("convert-swebench", str(source), str(out), "--repos-dir", str(tmp_path))
+    mirror = "mirror.example/swebench/sweb.eval.x86_64."
+    result = swe_rl("convert-swebench", str(source), str(out), "--image-prefix", mirror)
     assert result.returncode == 0, result.stderr
     assert "wrote 1 task rows" in result.stdout
-    assert "skipped row 2 (d-1)" in result.stdout
+    assert "skipped row 2 (a-1): version: swebench has no spec" in result.stdout
     (converted,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert converted["metadata"]["repo"] == {"path": str(tmp_path / "pallets__flask")}
+    assert converted["metadata"]["environment"] == {
+        "image": f"{mirror}pallets_1776_flask-4045:latest",
+        "workdir": "/testbed",
+    }
+    assert converted["reference"] == {"patch": "the gold fix"}
+    assert "the gold fix" not in json.dumps(converted["metadata"])
+
+
+def test_convert_harbor_writes_a_row_per_task(tmp_path: Path) -> None:
+    task = APP / "tests" / "fixtures" / "harbor" / "calc-task"
+    out = tmp_path / "tasks.jsonl"
+    result = swe_rl("convert-harbor", str(task), str(out))
+    assert result.returncode == 0, result.stderr
+    assert "wrote 1 task rows" in result.stdout
+    (converted,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert converted["metadata"]["grading"]["runner"]["type"] == "reward_file"
 
 
 def test_train_dry_run_prints_the_slime_command_with_our_functions() -> None:
