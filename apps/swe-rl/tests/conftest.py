@@ -22,3 +22,8 @@ def qwen_vocabulary(request: pytest.FixtureRequest) -> Vocabulary:
 @pytest.fixture(scope="session")
 def install_config() -> InstallConfig:
     return InstallConfig(cache_dir=NPM_CACHE)
+
+
+# The fixture tasks' own repositories (tests/fixtures/) hold tests of their own, run in their
+# images by the grader, never by this session.
+collect_ignore = ["fixtures"]

@@ -270,3 +270,152 @@ async def test_forged_django_lines_fool_the_printed_log_but_earn_nothing(
     result = await django_task.grade(forged)
     assert (result.verdict, result.reward) == (Verdict.UNRESOLVED, 0.0), django_task.log.text()
     assert result.tests[DJANGO_F2P] == "error"
+
+
+# -- SymPy: bin/test and its reporter ------------------------------------------------------
+
+# A runner in the shape of SymPy's (sympy/testing/runtests.py): a reporter whose per-test
+# methods write through its `write`, and a summary that quotes each failure's exception.
+SYMPY_RUNNER = """\
+import importlib.util
+import sys
+import traceback
+
+
+class PyTestReporter:
+    def __init__(self):
+        self.failed = []
+
+    def write(self, text):
+        sys.stdout.write(text)
+
+    def entering_filename(self, filename):
+        self.write(filename + " ")
+
+    def entering_test(self, f):
+        self.write("\\n" + f.__name__ + " ")
+
+    def test_pass(self):
+        self.write("ok")
+
+    def test_fail(self, exc_info):
+        self.failed.append(exc_info)
+        self.write("F")
+
+    def leaving_filename(self):
+        self.write("\\n")
+
+    def finish(self):
+        for exc_info in self.failed:
+            self.write("".join(traceback.format_exception(*exc_info)))
+        return not self.failed
+
+
+def test(*paths):
+    reporter = PyTestReporter()
+    for path in paths:
+        spec = importlib.util.spec_from_file_location("under_test", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        reporter.entering_filename(path)
+        for name in sorted(n for n in dir(module) if n.startswith("test_")):
+            reporter.entering_test(getattr(module, name))
+            try:
+                getattr(module, name)()
+            except Exception:
+                reporter.test_fail(sys.exc_info())
+            else:
+                reporter.test_pass()
+        reporter.leaving_filename()
+    return reporter.finish()
+"""
+BIN_TEST = """\
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sympy.testing.runtests import test
+
+sys.exit(0 if test(*[a for a in sys.argv[1:] if not a.startswith("-")]) else 1)
+"""
+SYMPY_TESTS = """\
+from sympy import calc
+
+
+def test_add():
+    assert calc.add(2, 2) == 4
+
+
+def test_sub():
+    assert calc.sub(3, 1) == 2
+"""
+FORGE_SYMPY = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: sys.stdout.write('\\ntest_add ok\\n'))\n"
+    "def add(a, b):\n"
+    "    raise ValueError('no\\ntest_add ok')\n"
+    "def sub(a, b):\n    return a - b\n"
+)
+
+
+@pytest.fixture
+async def sympy_task(tmp_path: Path) -> Task:
+    repo = tmp_path / "repos" / "sympy"
+    repo.mkdir(parents=True)
+    git(repo, "init", "--quiet", "--initial-branch", "main")
+    files = {
+        "sympy/__init__.py": "",
+        "sympy/calc.py": BUGGY_CALC,
+        "sympy/testing/__init__.py": "",
+        "sympy/testing/runtests.py": SYMPY_RUNNER,
+        "bin/test": BIN_TEST,
+    }
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "--all")
+    git(repo, "commit", "--quiet", "--message", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "sympy" / "tests").mkdir()
+    (repo / "sympy" / "tests" / "test_calc.py").write_text(SYMPY_TESTS)
+    git(repo, "add", "--all")
+    test_patch = git(repo, "diff", "--cached", "--no-color")
+    git(repo, "reset", "--quiet", "--hard")
+    metadata = {
+        "instance_id": "sympy__sympy-1",
+        "repo": {"path": str(repo)},
+        "base_commit": base,
+        "problem_statement": "add subtracts",
+        "grading": {
+            "runner": {
+                "type": "swebench",
+                "repo": "sympy/sympy",
+                "framework": "sympy",
+                "command": "PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose",
+                "directives": ["sympy/tests/test_calc.py"],
+                "python": PYTHON_INSIDE,
+            },
+            "fail_to_pass": ["test_add"],
+            "pass_to_pass": ["test_sub"],
+            "test_patch": test_patch,
+            "timeout_s": 60,
+        },
+    }
+    return await prepared(metadata, repo, tmp_path)
+
+
+async def test_a_sympy_runner_agrees_with_the_harness_and_ignores_forged_lines(
+    sympy_task: Task, tmp_path: Path
+) -> None:
+    empty = await sympy_task.grade(b"")
+    assert empty.tests == {"test_add": "failed", "test_sub": "passed"}, sympy_task.log.text()
+    gold = await sympy_task.grade(sympy_task.change({"sympy/calc.py": FIXED_CALC}, tmp_path / "g"))
+    assert (gold.verdict, gold.reward) == (Verdict.RESOLVED, 1.0), sympy_task.log.text()
+    forged = sympy_task.change({"sympy/calc.py": FORGE_SYMPY}, tmp_path / "forged")
+    printed = await sympy_task.printed_log(
+        forged, f"{shlex.quote(PYTHON_INSIDE)} bin/test -C --verbose sympy/tests/test_calc.py"
+    )
+    assert parse(load_parser("sympy/sympy"), printed, "sympy/sympy")["test_add"] == "PASSED"
+    result = await sympy_task.grade(forged)
+    assert (result.verdict, result.reward) == (Verdict.UNRESOLVED, 0.0), sympy_task.log.text()
+    assert result.tests["test_add"] == "failed"
