@@ -37,6 +37,10 @@ config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["uv"]
 (root / "exclude-newer").write_text(config["exclude-newer"])
 PY
 chown -R "$user" "$work"
+# The image tests' Debian root, built by root's run (the user reads it, never builds it).
+if [ -d .cache/test-images ]; then
+  cp -a .cache/test-images "$work/test-images"
+fi
 
 # uv itself, where the user can run it.
 install -m 0755 "$(python3 -c 'import uv; print(uv.find_uv_bin())')" /usr/local/bin/uv
@@ -61,7 +65,8 @@ done
 
 python=/usr/bin/python3
 runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
-  "${passed[@]}" SANDBOX_TEST_CGROUP_PARENT="/$parent" SANDBOX_TEST_SUBORDINATE_IDS=1 UV_NO_PROGRESS=1 bash -c '
+  "${passed[@]}" SANDBOX_TEST_CGROUP_PARENT="/$parent" SANDBOX_TEST_SUBORDINATE_IDS=1 UV_NO_PROGRESS=1 \
+  SANDBOX_TEST_IMAGE_CACHE="$work/test-images" bash -c '
     set -euo pipefail
     cd ~/ci
     uv venv --quiet --python '"$python"' .venv

@@ -80,16 +80,42 @@ class BootFds:
         return (*fds, self.source_head) if self.source_head >= 0 else fds
 
 
+@dataclass(frozen=True, slots=True)
+class ImageTree:
+    """A root other than the host's (see _image_root.py): its top-level directories bound
+    read-only, its top-level links recreated, the scratch mounts it has room for, and who
+    commands run as."""
+
+    binds: Sequence[Bind]
+    links: Sequence[tuple[str, PurePosixPath]]
+    scratch: Sequence[str]
+    """Which of SCRATCH_MOUNTS' world-writable ones the image has a directory for."""
+    uid: int = 0
+    gid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the sandbox's own file systems are mounted inside."""
+
+    workspace: str = SANDBOX_WORKSPACE
+    home: str = SANDBOX_HOME
+
+
 def bwrap_argv(
     bwrap: str,
     *,
-    python: str,
+    python: Sequence[str],
     fds: BootFds,
     binds: Sequence[Bind],
     limits: ResourceLimits,
     init_config: str,
+    image: ImageTree | None = None,
+    layout: Layout = Layout(),
 ) -> list[str]:
-    """Arguments that boot a sandbox whose pid 1 is our init, serving on `fds.control`."""
+    """Arguments that boot a sandbox whose pid 1 is our init, serving on `fds.control`; on
+    the host's /usr and /etc, or on `image`."""
+    uid, gid = (image.uid, image.gid) if image is not None else (0, 0)
     argv = [
         bwrap,
         "--unshare-user",
@@ -105,9 +131,9 @@ def bwrap_argv(
         "--cap-drop",
         "ALL",
         "--uid",
-        "0",
+        str(uid),
         "--gid",
-        "0",
+        str(gid),
         "--hostname",
         "sandbox",
         "--info-fd",
@@ -116,10 +142,38 @@ def bwrap_argv(
         str(fds.block),
         "--seccomp",
         str(fds.seccomp),
-        "--ro-bind",
-        "/usr",
-        "/usr",
     ]
+    argv += _host_tree() if image is None else _image_tree(image)
+    argv += ["--proc", "/proc"]
+    argv += [arg for path in _MASKED_PROC if os.path.exists(path) for arg in _mask(path)]
+    argv += ["--dev", "/dev"]
+    scratch = SCRATCH_MOUNTS[:-1] if image is None else image.scratch
+    for path in scratch:  # world-writable and sticky, as usual
+        argv += ["--perms", "1777", *_size(limits.scratch_bytes), "--tmpfs", path]
+    argv += [*_size(limits.scratch_bytes), "--tmpfs", layout.home]
+    argv += [*_size(_RUN_BYTES), "--tmpfs", "/run"]
+    argv += [*_size(_RUN_SANDBOX_BYTES), "--tmpfs", RUN_SANDBOX]
+    argv += [*_size(limits.workspace_bytes), "--tmpfs", layout.workspace]
+    argv += ["--ro-bind-data", str(fds.init_script), INIT_PATH]
+    for bind in binds:
+        argv += ["--ro-bind", bind.source, str(bind.target)]
+    if fds.source_head >= 0:
+        argv += ["--dir", f"{SOURCE_MOUNT}/refs"]
+        argv += ["--ro-bind-data", str(fds.source_head), f"{SOURCE_MOUNT}/HEAD"]
+    argv += ["--remount-ro", RUN_SANDBOX, "--remount-ro", "/"]
+    argv += ["--chdir", layout.workspace]
+    if image is None:
+        # For init alone (commands get their own environment): our interpreter's shared
+        # library may be linked by the absolute path of its host installation. (In an image
+        # the loader is told where the libraries are: _runtime.py.)
+        argv += ["--setenv", "LD_LIBRARY_PATH", f"{PYTHON_MOUNT}/lib"]
+    argv += ["--", *python, "-I", "-S", INIT_PATH, str(fds.control), init_config]
+    return argv
+
+
+def _host_tree() -> list[str]:
+    """The host's /usr (with its merged-/usr links) and /etc, shadow files masked."""
+    argv = ["--ro-bind", "/usr", "/usr"]
     for path in _MERGED_USR_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
@@ -128,27 +182,15 @@ def bwrap_argv(
     argv += ["--ro-bind", "/etc", "/etc"]
     argv += [arg for path in _MASKED_FILES if os.path.exists(path) for arg in _mask(path)]
     argv += [arg for path in _MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path)]
-    argv += ["--proc", "/proc"]
-    argv += [arg for path in _MASKED_PROC if os.path.exists(path) for arg in _mask(path)]
-    argv += ["--dev", "/dev"]
-    for path in SCRATCH_MOUNTS[:-1]:  # world-writable and sticky, as usual
-        argv += ["--perms", "1777", *_size(limits.scratch_bytes), "--tmpfs", path]
-    argv += [*_size(limits.scratch_bytes), "--tmpfs", SCRATCH_MOUNTS[-1]]
-    argv += [*_size(_RUN_BYTES), "--tmpfs", "/run"]
-    argv += [*_size(_RUN_SANDBOX_BYTES), "--tmpfs", RUN_SANDBOX]
-    argv += [*_size(limits.workspace_bytes), "--tmpfs", SANDBOX_WORKSPACE]
-    argv += ["--ro-bind-data", str(fds.init_script), INIT_PATH]
-    for bind in binds:
+    return argv
+
+
+def _image_tree(image: ImageTree) -> list[str]:
+    argv: list[str] = []
+    for bind in image.binds:
         argv += ["--ro-bind", bind.source, str(bind.target)]
-    if fds.source_head >= 0:
-        argv += ["--dir", f"{SOURCE_MOUNT}/refs"]
-        argv += ["--ro-bind-data", str(fds.source_head), f"{SOURCE_MOUNT}/HEAD"]
-    argv += ["--remount-ro", RUN_SANDBOX, "--remount-ro", "/"]
-    argv += ["--chdir", SANDBOX_WORKSPACE]
-    # For init alone (commands get their own environment): our interpreter's shared library
-    # may be linked by the absolute path of its host installation.
-    argv += ["--setenv", "LD_LIBRARY_PATH", f"{PYTHON_MOUNT}/lib"]
-    argv += ["--", python, "-I", "-S", INIT_PATH, str(fds.control), init_config]
+    for target, path in image.links:
+        argv += ["--symlink", target, str(path)]
     return argv
 
 

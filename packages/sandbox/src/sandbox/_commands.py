@@ -239,9 +239,9 @@ class CommandSandbox(ABC):
         """The read-only git directory the workspace came from, as seen inside (see Sandbox)."""
 
     @abstractmethod
-    def _python(self) -> tuple[str, Mapping[str, str]]:
-        """The interpreter `run_python` uses inside (one the sandbox cannot have replaced) and
-        the only environment it gets."""
+    def _python(self) -> tuple[Sequence[str], Mapping[str, str]]:
+        """The command that starts the interpreter `run_python` uses inside (one the sandbox
+        cannot have replaced) and the only environment it gets."""
 
     @abstractmethod
     async def _kill_all(self) -> int:
@@ -306,7 +306,7 @@ class CommandSandbox(ABC):
         max_output_bytes: int = 64 << 20,
     ) -> ScriptResult:
         python, env = self._python()
-        argv = [python, "-I", "-S", "-c", script, *args]
+        argv = [*python, "-I", "-S", "-c", script, *args]
         io = _IoFiles(self._io_dir, stdin, (max_output_bytes, _STDERR_BYTES))
         started = time.monotonic()
         try:

@@ -106,8 +106,8 @@ class HostSandbox(CommandSandbox):
         )
         return _HostProcess(proc)
 
-    def _python(self) -> tuple[str, Mapping[str, str]]:
-        return sys.executable, {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C.UTF-8"}
+    def _python(self) -> tuple[Sequence[str], Mapping[str, str]]:
+        return (sys.executable,), {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C.UTF-8"}
 
     async def _kill_all(self) -> int:
         """The process groups we started; a daemon that left its group is not found here

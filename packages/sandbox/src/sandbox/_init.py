@@ -237,6 +237,10 @@ def _become(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], repo
         os.setsid()
         # First in line for the OOM killer: when the sandbox's memory runs out (its tmpfs files
         # count), a command dies and reports the limit, not init and the sandbox with it.
+        if os.getuid() != 0:
+            # As an image's user, uid 0 is not mapped: /proc/self of a non-dumpable process
+            # (forked from init) belongs to nobody we are. execve makes it dumpable anyway.
+            ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")
         os.chdir(cwd)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -36,12 +37,13 @@ from sandbox import _owner
 from sandbox._bwrap import (
     PYTHON_MOUNT,
     RUN_SANDBOX,
-    SANDBOX_HOME,
     SANDBOX_WORKSPACE,
     SCRATCH_MOUNTS,
     SOURCE_MOUNT,
     Bind,
     BootFds,
+    ImageTree,
+    Layout,
     bwrap_argv,
 )
 from sandbox._cgroups import CONTROLLERS, CgroupLimits, CgroupSupport, Counters, SandboxCgroup
@@ -54,12 +56,16 @@ from sandbox._errors import (
 )
 from sandbox._forward import HostRelay, RelayBudget
 from sandbox._host import HostSandbox
+from sandbox._image_root import ImagePlan, ImageRoot, plan
 from sandbox._private_dirs import owned_directory, private_dir, remove_tree
+from sandbox._runtime import HostRuntime
 from sandbox._seccomp import compile_filter
 from sandbox._spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
     GitWorkspace,
+    ImageWorkspace,
+    RootfsImage,
     SandboxSpec,
 )
 from sandbox._stage import stage_dir, staged_launch
@@ -88,6 +94,38 @@ _TRUST_SOURCE = (
     "printf '[safe]\\n\\tdirectory = *\\n' > \"$GIT_CONFIG_GLOBAL\" && "
     "trap 'rm -f \"$GIT_CONFIG_GLOBAL\"' EXIT && "
 )
+# Copies an image's workspace directory into the sandbox's own (run by our interpreter, so an
+# image needs no tools): files, directories and links with their modes and times; anything
+# else (a FIFO, a device) is left out, never opened.
+_COPY_SCRIPT = r"""
+import os, shutil, stat, sys
+source, target = sys.argv[1], sys.argv[2]
+for top, dirs, files in os.walk(source):
+    here = os.path.join(target, os.path.relpath(top, source))
+    for name in dirs + files:
+        src, dst = os.path.join(top, name), os.path.join(here, name)
+        info = os.lstat(src)
+        if stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISDIR(info.st_mode):
+            os.mkdir(dst)
+        elif stat.S_ISREG(info.st_mode):
+            shutil.copyfile(src, dst, follow_symlinks=False)
+        else:
+            continue
+        if not stat.S_ISLNK(info.st_mode):
+            os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
+    for name in dirs:
+        os.chmod(os.path.join(here, name), stat.S_IMODE(os.lstat(os.path.join(top, name)).st_mode))
+    for name in files:
+        info = os.lstat(os.path.join(top, name))
+        if stat.S_ISREG(info.st_mode):
+            os.chmod(os.path.join(here, name), stat.S_IMODE(info.st_mode))
+for top, dirs, _ in os.walk(target, topdown=False):
+    for name in dirs:
+        info = os.lstat(os.path.join(source, os.path.relpath(os.path.join(top, name), target)))
+        os.utime(os.path.join(top, name), ns=(info.st_atime_ns, info.st_mtime_ns))
+"""
 _RLIMITS = (
     ("max_open_files", "RLIMIT_NOFILE"),
     ("max_file_size_bytes", "RLIMIT_FSIZE"),
@@ -234,13 +272,14 @@ class LocalSandbox(CommandSandbox):
         boot: _Booted,
         env: Mapping[str, str],
         keep_state: bool,
-        python: tuple[str, Mapping[str, str]],
+        python: tuple[Sequence[str], Mapping[str, str]],
         base_repository: str | None,
         max_output_bytes: int | None,
+        workspace: str = SANDBOX_WORKSPACE,
     ) -> None:
         super().__init__(
             state_dir=boot.state_dir,
-            workspace=SANDBOX_WORKSPACE,
+            workspace=workspace,
             env=env,
             keep_state=keep_state,
             max_output_bytes=max_output_bytes,
@@ -286,7 +325,7 @@ class LocalSandbox(CommandSandbox):
     def base_repository(self) -> str | None:
         return self._base_repository
 
-    def _python(self) -> tuple[str, Mapping[str, str]]:
+    def _python(self) -> tuple[Sequence[str], Mapping[str, str]]:
         return self._python_inside
 
     async def _kill_all(self) -> int:
@@ -374,6 +413,8 @@ class _Prepared:
     python: str
     python_prefix: Path | None
     """The interpreter's installation, when it is not under /usr (then mounted at PYTHON_MOUNT)."""
+    prefix: Path
+    """The interpreter's installation, wherever it is."""
     seccomp: bytes
     init_source: bytes
     as_root: bool
@@ -385,6 +426,8 @@ class _Prepared:
     enforcement: Enforcement
     relays: RelayBudget
     """Connections all of this backend's forwarded endpoints may relay at once."""
+    checked_roots: set[Path] = field(default_factory=set)
+    """Root file systems (RootfsImage) already searched for Unix sockets."""
 
     @property
     def python_inside(self) -> str:
@@ -394,13 +437,18 @@ class _Prepared:
         return str(PurePosixPath(PYTHON_MOUNT) / Path(self.python).relative_to(self.python_prefix))
 
     @property
-    def script_python(self) -> tuple[str, Mapping[str, str]]:
+    def script_python(self) -> tuple[Sequence[str], Mapping[str, str]]:
         """Init's interpreter and the environment `run_python` gives it: read-only from
         inside (host /usr or our read-only mount), so no command can have replaced it."""
         env = {"PATH": DEFAULT_PATH, "LC_ALL": "C.UTF-8"}
         if self.python_prefix is not None:
             env["LD_LIBRARY_PATH"] = f"{PYTHON_MOUNT}/lib"
-        return self.python_inside, env
+        return (self.python_inside,), env
+
+    def runtime(self) -> HostRuntime:
+        """The interpreter's loader and libraries, for roots other than the host's (blocking:
+        found once per interpreter, then cached)."""
+        return _host_runtime(Path(self.python), self.prefix)
 
     @classmethod
     def discover(cls, config: LocalConfig) -> _Prepared:
@@ -433,6 +481,7 @@ class _Prepared:
             bwrap=bwrap,
             python=python,
             python_prefix=None if visible else prefix,
+            prefix=prefix,
             seccomp=compile_filter(),
             init_source=resources.files("sandbox").joinpath("_init.py").read_bytes(),
             as_root=as_root,
@@ -554,6 +603,8 @@ class _Boot:
         self.prepared = prepared
         self.spec = spec
         self._fds: list[int] = []
+        self.image: ImagePlan | None = None
+        self.runtime: HostRuntime | None = None
 
     async def probe(self) -> None:
         """Boot and close one empty sandbox: proves every layer works here, or says which not."""
@@ -566,6 +617,8 @@ class _Boot:
         await sandbox.close()
 
     async def run(self) -> LocalSandbox:
+        if self.spec.image is not None:
+            await self._lay_out_image()
         source = self.spec.workspace
         commit = None
         if isinstance(source, GitWorkspace):  # a bad repository fails before anything boots
@@ -588,14 +641,17 @@ class _Boot:
         finally:
             for fd in self._fds:
                 os.close(fd)
-        env = {**self.config.base_env, "HOME": SANDBOX_HOME, **self.spec.env}
+        layout = self._layout()
+        image_env = self.image.env if self.image is not None else {}
+        env = {**self.config.base_env, **image_env, "HOME": layout.home, **self.spec.env}
         sandbox = LocalSandbox(
             boot=booted,
             env=env,
             keep_state=self.config.keep_state,
-            python=self.prepared.script_python,
+            python=self._script_python(),
             base_repository=SOURCE_MOUNT if commit is not None else None,
             max_output_bytes=self.spec.limits.max_output_bytes,
+            workspace=layout.workspace,
         )
         try:
             await self._populate(sandbox, commit)
@@ -612,6 +668,53 @@ class _Boot:
             await sandbox.close()
             raise
         return sandbox
+
+    async def _lay_out_image(self) -> None:
+        """Resolve the spec's image to a root on the host and lay the sandbox out on it."""
+        image = self.spec.image
+        if not isinstance(image, RootfsImage):
+            raise UnsupportedSpecError(
+                f"the local backend cannot run a {type(image).__name__} (RegistryImage and "
+                "OciLayoutImage need an image cache; E2BTemplate is E2B's)"
+            )
+        root = ImageRoot(image.path, image.env, image.working_dir, image.user)
+        workspace = self.spec.workspace
+        self.image = await asyncio.to_thread(
+            plan,
+            root,
+            image_workspace=workspace.path if isinstance(workspace, ImageWorkspace) else None,
+            wants_image_workspace=isinstance(workspace, ImageWorkspace),
+            default_workspace=PurePosixPath(SANDBOX_WORKSPACE),
+            scratch=SCRATCH_MOUNTS[:-1],
+        )
+        self.runtime = await asyncio.to_thread(self.prepared.runtime)
+        if image.path not in self.prepared.checked_roots:
+            # A root file system of the caller's: checked once per backend (an unpacked image
+            # holds no sockets: tar has no such entry).
+            await asyncio.to_thread(_refuse_sockets, [image.path])
+            self.prepared.checked_roots.add(image.path)
+
+    def _layout(self) -> Layout:
+        if self.image is None:
+            return Layout()
+        return Layout(str(self.image.workspace), str(self.image.home))
+
+    def _init_python(self) -> Sequence[str]:
+        """How init's interpreter is started: as itself on the host's root, through the
+        host's loader on an image's (_runtime.py)."""
+        if self.runtime is None:
+            return (self.prepared.python_inside,)
+        return self.runtime.argv(Path(self.prepared.python), PurePosixPath(PYTHON_MOUNT))
+
+    def _script_python(self) -> tuple[Sequence[str], Mapping[str, str]]:
+        if self.runtime is None:
+            return self.prepared.script_python
+        return self._init_python(), {"PATH": DEFAULT_PATH, "LC_ALL": "C.UTF-8"}
+
+    def _runtime_sources(self) -> list[tuple[Path, PurePosixPath]]:
+        if self.runtime is None:
+            return []
+        return self.runtime.mounts(Path(self.prepared.python), PurePosixPath(PYTHON_MOUNT))
 
     def _cgroup(self, name: str) -> SandboxCgroup | None:
         limits = self.spec.limits
@@ -635,12 +738,18 @@ class _Boot:
     def _sources(self) -> list[tuple[Path, PurePosixPath]]:
         """Host paths to bind read-only, and where each appears inside."""
         sources: list[tuple[Path, PurePosixPath]] = []
-        if self.prepared.python_prefix is not None:
+        if self.runtime is not None:
+            sources += self._runtime_sources()
+        elif self.prepared.python_prefix is not None:
             sources.append((self.prepared.python_prefix, PurePosixPath(PYTHON_MOUNT)))
         sources += [(bind.host_path, bind.sandbox_path) for bind in self.spec.read_only_binds]
         source = self.spec.workspace
         if isinstance(source, DirectoryWorkspace):
             sources.append((source.source, PurePosixPath(_SEED_PATH)))
+        elif isinstance(source, ImageWorkspace):
+            assert self.image is not None
+            assert self.image.seed is not None
+            sources.append((self.image.seed, PurePosixPath(_SEED_PATH)))
         elif isinstance(source, GitWorkspace):
             # Its objects only (SOURCE_MOUNT in _bwrap.py): the checkout borrows them.
             sources.append(
@@ -673,10 +782,12 @@ class _Boot:
         if limits.memory_bytes is not None and "memory" not in controllers:
             rlimits.append(("RLIMIT_DATA", limits.memory_bytes))
         sized = []
+        layout = self._layout()
         if limits.workspace_bytes is not None:
-            sized.append((SANDBOX_WORKSPACE, "workspace_bytes"))
+            sized.append((layout.workspace, "workspace_bytes"))
         if limits.scratch_bytes is not None:
-            sized += [(path, "scratch_bytes") for path in SCRATCH_MOUNTS]
+            scratch = SCRATCH_MOUNTS[:-1] if self.image is None else self.image.scratch
+            sized += [(path, "scratch_bytes") for path in (*scratch, layout.home)]
         return json.dumps({"rlimits": rlimits, "tmpfs": sized})
 
     async def _start(
@@ -698,9 +809,12 @@ class _Boot:
             control=self._keep(control_child.detach()),
             source_head=self._memfd("head", f"{commit}\n".encode()) if commit else -1,
         )
-        sources = self._sources()
-        theirs = [path for path, _ in sources if path != prepared.python_prefix]
+        tree = self.image.binds if self.image is not None else []
+        own = self._sources()
+        interpreter = {prepared.python_prefix, *(path for path, _ in self._runtime_sources())}
+        theirs = [p for p, _ in own if p not in interpreter and p != _seed_of(self.image)]
         await asyncio.to_thread(_refuse_sockets, theirs)
+        sources = [*tree, *own]
         uid = lease.uid if lease is not None else os.geteuid()
         paths = [str(host_path) for host_path, _ in sources]
         wrap: list[str] | None = None
@@ -718,13 +832,19 @@ class _Boot:
             wrapper = prepared.subids.wrapper_argv(prepared.python, *inherited_by_wrapper)
             wrap = [*wrapper, *wrap]
         binds = [Bind(path, target) for path, (_, target) in zip(paths, sources, strict=True)]
+        image = None
+        if self.image is not None:
+            plan = self.image
+            image = ImageTree(binds[: len(tree)], plan.links, plan.scratch, plan.uid, plan.gid)
         argv = bwrap_argv(
             prepared.bwrap,
-            python=prepared.python_inside,
+            python=self._init_python(),
             fds=fds,
-            binds=binds,
+            binds=binds[len(tree) :],
             limits=self.spec.limits,
             init_config=self._init_config(),
+            image=image,
+            layout=self._layout(),
         )
         if wrap is not None:
             argv = [*wrap, *argv]
@@ -819,6 +939,16 @@ class _Boot:
 
     async def _populate(self, sandbox: LocalSandbox, commit: str | None) -> None:
         source = self.spec.workspace
+        if isinstance(source, ImageWorkspace):
+            # Our interpreter, not the image's tools: an image may have no `cp` at all.
+            copied = await sandbox.run_python(
+                _COPY_SCRIPT, [_SEED_PATH, sandbox.workspace], timeout=self.config.boot_timeout * 30
+            )
+            if copied.exit_code != 0 or copied.timed_out:
+                raise CheckoutError(
+                    f"copying the image's workspace failed: {copied.stderr[-2000:]}"
+                )
+            return
         if isinstance(source, DirectoryWorkspace):
             command = f"cp -R -P --preserve=mode,timestamps,links {_SEED_PATH}/. ."
         elif isinstance(source, GitWorkspace):
@@ -1057,3 +1187,12 @@ def _materialize_on_host(spec: SandboxSpec, workspace: Path, home: Path) -> None
         checkout_repo(source.repo, source.commit, workspace)
     elif not isinstance(source, EmptyWorkspace):
         raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
+
+
+def _seed_of(image: ImagePlan | None) -> Path | None:
+    return image.seed if image is not None else None
+
+
+@functools.cache
+def _host_runtime(python: Path, prefix: Path) -> HostRuntime:
+    return HostRuntime.discover(python, prefix)

@@ -34,7 +34,72 @@ class GitWorkspace:
     commit: str
 
 
-WorkspaceSource = EmptyWorkspace | DirectoryWorkspace | GitWorkspace
+@dataclass(frozen=True, slots=True)
+class ImageWorkspace:
+    """The image's own directory at `path` (None: the image's working directory), made
+    writable where it is: the workspace is mounted at `path` and starts as a copy of the
+    image's content there. SWE-bench images keep the task's repository at ``/testbed`` (their
+    working directory), with its environment installed in editable mode against that path.
+    Needs `SandboxSpec.image`."""
+
+    path: PurePosixPath | None = None
+
+    def __post_init__(self) -> None:
+        if self.path is None:
+            return
+        if not self.path.is_absolute() or self.path == PurePosixPath("/"):
+            raise ValueError(f"ImageWorkspace.path must be an absolute directory: {self.path}")
+
+
+WorkspaceSource = EmptyWorkspace | DirectoryWorkspace | GitWorkspace | ImageWorkspace
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryImage:
+    """An image in an OCI registry, by reference: ``[host[:port]/]repository[:tag][@digest]``
+    (``python:3.11`` is Docker Hub's ``library/python:3.11``). The local backend pulls it once
+    per node into its image cache; a digest pins it."""
+
+    reference: str
+
+
+@dataclass(frozen=True, slots=True)
+class OciLayoutImage:
+    """An image in an OCI image layout on the host (``oci-layout``, ``index.json``,
+    ``blobs/``): the manifest whose ``org.opencontainers.image.ref.name`` is `ref`, or the only
+    one when `ref` is None."""
+
+    path: Path
+    ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RootfsImage:
+    """A root file system already unpacked on the host, used read-only as it is, with what an
+    image's configuration would say: its environment, working directory and user."""
+
+    path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    working_dir: PurePosixPath | None = None
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_env(self.env)
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+
+@dataclass(frozen=True, slots=True)
+class E2BTemplate:
+    """An E2B sandbox template, by id or name (built from the task's Dockerfile or image; see
+    the E2B docs of this package)."""
+
+    template_id: str
+
+
+ImageSource = RegistryImage | OciLayoutImage | RootfsImage | E2BTemplate
+"""The task's own environment. The local backend runs on registry images, OCI layouts and root
+file systems; E2B on templates. A backend given a kind it cannot run raises
+`UnsupportedSpecError`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +195,16 @@ class SandboxSpec:
     """
 
     workspace: WorkspaceSource = field(default_factory=EmptyWorkspace)
+    image: ImageSource | None = None
+    """The root file system: None runs on the host's own /usr and /etc, read-only."""
     env: Mapping[str, str] = field(default_factory=dict)
     network: ForwardedEndpoint | None = None
     read_only_binds: tuple[ReadOnlyBind, ...] = ()
     limits: ResourceLimits = field(default_factory=ResourceLimits)
 
     def __post_init__(self) -> None:
+        if isinstance(self.workspace, ImageWorkspace) and self.image is None:
+            raise ValueError("an ImageWorkspace needs SandboxSpec.image")
         validate_env(self.env)
         # A private read-only copy: a caller mutating its dict later cannot change the spec.
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
