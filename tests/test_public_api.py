@@ -52,10 +52,12 @@ PINNED = {
     "sandbox": Pinned(
         (
             "CaptureLimits", "CapturedDiff", "ChangeTooLargeError", "CheckoutError",
-            "DirectoryWorkspace", "E2BBackend", "E2BConfig", "E2BSandbox", "EmptyWorkspace",
-            "Enforcement", "ExecResult", "ForwardedEndpoint", "GitWorkspace", "KILLED_EXIT_CODE",
-            "LocalBackend", "LocalConfig", "LocalSandbox", "Process", "ReadOnlyBind",
-            "ResourceLimits", "RetryPolicy", "Sandbox", "SandboxBackend", "SandboxBootError",
+            "DirectoryWorkspace", "E2BBackend", "E2BConfig", "E2BSandbox", "E2BTemplate",
+            "EmptyWorkspace", "Enforcement", "ExecResult", "ForwardedEndpoint", "GitWorkspace",
+            "ImageSource", "ImageWorkspace", "InitGoneError", "KILLED_EXIT_CODE", "LocalBackend",
+            "LocalConfig", "LocalSandbox", "OciLayoutImage", "Process", "ReadOnlyBind",
+            "RegistryImage", "ResourceLimits", "RetryPolicy", "RootfsImage", "Sandbox",
+            "SandboxBackend", "SandboxBootError",
             "SandboxClosedError", "SandboxCommandError", "SandboxError",
             "SandboxFileNotFoundError", "SandboxSpec", "SandboxUnavailableError", "ScriptResult",
             "SetupFailedError", "UidRange", "UnsafePatchError", "UnsupportedSpecError",
