@@ -7,15 +7,19 @@ import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from sandbox import (
     DirectoryWorkspace,
+    E2BTemplate,
     ForwardedEndpoint,
     GitWorkspace,
+    ImageWorkspace,
+    RegistryImage,
     ResourceLimits,
+    RootfsImage,
     SandboxBootError,
     SandboxCommandError,
     SandboxFileNotFoundError,
@@ -150,6 +154,29 @@ async def test_directory_workspace_is_uploaded(config: E2BConfig, tmp_path: Path
         assert await sandbox.read_text("pkg/mod.py") == "X = 1\n"
 
 
+async def test_a_task_template_is_booted_and_its_directory_is_the_workspace(
+    config: E2BConfig, state: FakeState, tmp_path: Path
+) -> None:
+    """A task's own environment on E2B: its template (built from the task's image), and the
+    workspace where the template keeps the repository."""
+    testbed = tmp_path / "testbed"
+    testbed.mkdir()
+    (testbed / "calc.py").write_text("X = 1\n")
+    spec = SandboxSpec(
+        image=E2BTemplate("swe-task-42"), workspace=ImageWorkspace(PurePosixPath(str(testbed)))
+    )
+    async with await E2BBackend(config).create(spec) as sandbox:
+        assert sandbox.workspace == str(testbed)
+        assert await sandbox.read_text("calc.py") == "X = 1\n"
+    assert [request["templateID"] for request in state.create_requests] == ["swe-task-42"]
+    missing = SandboxSpec(
+        image=E2BTemplate("swe-task-42"), workspace=ImageWorkspace(PurePosixPath("/no/such"))
+    )
+    with pytest.raises(SandboxBootError, match="no directory /no/such"):
+        await E2BBackend(config).create(missing)
+    assert state.delete_requests == state.killed_sandboxes  # the refused one killed too
+
+
 async def test_boot_failure_is_retried_with_backoff(config: E2BConfig, state: FakeState) -> None:
     state.fail_creates = 2
     async with await E2BBackend(config).create(SandboxSpec()) as sandbox:
@@ -172,6 +199,9 @@ async def test_boot_failure_gives_up_after_the_policy(config: E2BConfig, state: 
     [
         SandboxSpec(workspace=GitWorkspace(Path("/repo"), "abc1234")),
         SandboxSpec(limits=ResourceLimits(max_open_files=10)),
+        SandboxSpec(image=RegistryImage("python:3.11")),
+        SandboxSpec(image=RootfsImage(Path("/srv/root"))),
+        SandboxSpec(image=E2BTemplate("task"), workspace=ImageWorkspace()),
     ],
 )
 async def test_unsupported_specs_are_refused(config: E2BConfig, spec: SandboxSpec) -> None:

@@ -61,8 +61,10 @@ from sandbox._retry import RetryPolicy
 from sandbox._spec import (
     DEFAULT_READ_BYTES,
     DirectoryWorkspace,
+    E2BTemplate,
     EmptyWorkspace,
     ForwardedEndpoint,
+    ImageWorkspace,
     ResourceLimits,
     SandboxSpec,
     validate_env,
@@ -293,8 +295,11 @@ class E2BBackend:
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         """Boot a sandbox and prepare its workspace; on any failure or cancellation, kill it."""
         _check_supported(spec)
+        template = self.config.template
+        if isinstance(spec.image, E2BTemplate):
+            template = spec.image.template_id
         create_kwargs: dict[str, Any] = {
-            "template": self.config.template,
+            "template": template,
             "timeout": self.config.sandbox_timeout,
             "idempotency_key": str(uuid.uuid4()),
             **_network_options(spec.network),
@@ -313,6 +318,7 @@ class E2BBackend:
             env=spec.env,
             endpoint_url=endpoint_url,
             max_output_bytes=spec.limits.max_output_bytes,
+            workspace=_workspace_path(spec, self.config),
         )
         try:
             await sandbox._prepare_workspace(spec)
@@ -415,11 +421,29 @@ def _check_supported(spec: SandboxSpec) -> None:
         raise UnsupportedSpecError(
             "E2B resource limits come from the template, not the spec (max_output_bytes apart)"
         )
-    if not isinstance(spec.workspace, EmptyWorkspace | DirectoryWorkspace):
+    if spec.image is not None and not isinstance(spec.image, E2BTemplate):
         raise UnsupportedSpecError(
-            "E2B takes an empty or directory workspace; put repositories in the template "
-            "or upload a directory"
+            f"E2B runs templates, not a {type(spec.image).__name__}: build a template from the "
+            "task's image (see the package's docs/images.md) and give E2BTemplate its id"
         )
+    if isinstance(spec.workspace, ImageWorkspace) and spec.workspace.path is None:
+        raise UnsupportedSpecError(
+            "on E2B, ImageWorkspace needs its path (the template's working directory is not "
+            "known to the API)"
+        )
+    if not isinstance(spec.workspace, EmptyWorkspace | DirectoryWorkspace | ImageWorkspace):
+        raise UnsupportedSpecError(
+            "E2B takes an empty, directory or image workspace; put repositories in the "
+            "template or upload a directory"
+        )
+
+
+def _workspace_path(spec: SandboxSpec, config: E2BConfig) -> str:
+    """The template's own directory for an ImageWorkspace (writable in an E2B sandbox as it
+    is: the sandbox is a VM of its own); otherwise the configured workspace."""
+    if isinstance(spec.workspace, ImageWorkspace) and spec.workspace.path is not None:
+        return str(spec.workspace.path)
+    return config.workspace_path
 
 
 def _tar_directory(source: Path) -> bytes:
@@ -598,8 +622,10 @@ class E2BSandbox:
         env: Mapping[str, str],
         endpoint_url: str | None,
         max_output_bytes: int | None = ResourceLimits().max_output_bytes,
+        workspace: str | None = None,
     ) -> None:
         self._sdk = sdk_sandbox
+        self._workspace = workspace or config.workspace_path
         self._max_output = max_output_bytes
         self._e2b = e2b_module
         self._config = config
@@ -616,7 +642,7 @@ class E2BSandbox:
 
     @property
     def workspace(self) -> str:
-        return self._config.workspace_path
+        return self._workspace
 
     @property
     def endpoint_url(self) -> str | None:
@@ -634,6 +660,11 @@ class E2BSandbox:
 
     async def _prepare_workspace(self, spec: SandboxSpec) -> None:
         q = shlex.quote(self.workspace)
+        if isinstance(spec.workspace, ImageWorkspace):
+            found = await self.exec(f"test -d {q}", cwd="/", timeout=self._config.request_timeout)
+            if not found.ok:
+                raise SandboxBootError(f"the template has no directory {self.workspace}")
+            return
         made = await self.exec(f"mkdir -p -- {q}", cwd="/", timeout=self._config.request_timeout)
         if not made.ok:
             raise SandboxBootError(f"could not create the workspace: {made.stderr}")
