@@ -86,6 +86,19 @@ async def test_an_environment_without_the_tests_interpreter_is_aborted(tmp_path:
     assert outcome.reason.endswith("the test runner cannot start: python: command not found")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="waiting on the sandbox: a change made in an image's own directory cannot be "
+    "captured yet, so the episode aborts (before the agent runs) instead of grading it",
+)
+async def test_an_episode_in_its_image_grades_the_agents_change(tmp_path: Path) -> None:
+    swebench_image()
+    options = ConversionOptions(**{**vars_of(FIXTURE_OPTIONS), "images_dir": images_dir()})
+    outcome = await run_episode(convert_row(swebench_row(), options)["metadata"], tmp_path)
+    assert outcome.status is EpisodeStatus.COMPLETED, outcome.reason
+    assert outcome.artifacts["verdict"] == "unresolved"  # the script agent changes nothing
+
+
 def vars_of(options: ConversionOptions) -> dict[str, Any]:
     return {name: getattr(options, name) for name in options.__slots__}
 

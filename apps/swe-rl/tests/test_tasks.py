@@ -95,7 +95,7 @@ def test_an_environment_holding_the_repository_needs_no_repo_or_base_commit() ->
     assert task.base_commit is None
     assert task.in_image
     assert task.environment is not None
-    assert task.environment.workdir == "/testbed"  # SWE-bench's images keep it there
+    assert task.environment.workdir is None  # the image's own working directory
     pinned = parse_task(image_payload(base_commit="ABC123"))
     assert pinned.base_commit == "abc123"
 
@@ -143,14 +143,13 @@ def test_a_bad_environment_names_its_field(environment: object, field: str, mess
 def test_the_sandbox_is_built_from_the_environment(tmp_path: Path) -> None:
     from pathlib import PurePosixPath
 
-    from sandbox import GitWorkspace
-    from sandbox._spec import ImageWorkspace, OciLayoutImage, RegistryImage, RootfsImage
+    from sandbox import GitWorkspace, ImageWorkspace, OciLayoutImage, RegistryImage, RootfsImage
     from swe_rl.environment import sandbox_spec
 
     in_image = parse_task(image_payload())
     spec = sandbox_spec(in_image, None, env={})
     assert spec.image == RegistryImage("swebench/sweb.eval.x86_64.x_1776_y-1:latest")
-    assert spec.workspace == ImageWorkspace(PurePosixPath("/testbed"))
+    assert spec.workspace == ImageWorkspace(None)  # the image's working directory
     layout = parse_task(image_payload(environment={"oci_layout": "/o", "ref": "v1"}))
     assert sandbox_spec(layout, None, env={}).image == OciLayoutImage(Path("/o"), "v1")
     rootfs = parse_task(

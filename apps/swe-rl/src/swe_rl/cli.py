@@ -202,9 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     harbor.add_argument("output", type=Path)
     harbor.add_argument(
         "--workdir",
-        default="/app",
         metavar="PATH",
-        help="the workspace when a task names none (default: %(default)s)",
+        help="the workspace when a task names none (default: the image's working directory)",
     )
     _local_images(harbor)
 

@@ -18,22 +18,19 @@ from pathlib import Path, PurePosixPath
 from sandbox import (
     CapturedDiff,
     CaptureLimits,
+    E2BTemplate,
     ForwardedEndpoint,
     GitWorkspace,
-    ReadOnlyBind,
-    ResourceLimits,
-    Sandbox,
-    SandboxSpec,
-    capture_diff,
-)
-from sandbox._spec import (  # exported by the sandbox package with its image support
-    E2BTemplate,
     ImageSource,
     ImageWorkspace,
     OciLayoutImage,
+    ReadOnlyBind,
     RegistryImage,
+    ResourceLimits,
     RootfsImage,
-    WorkspaceSource,
+    Sandbox,
+    SandboxSpec,
+    capture_diff,
 )
 from swe_rl.task import Environment, SweTask
 
@@ -53,12 +50,13 @@ def image_source(environment: Environment) -> ImageSource:
     return E2BTemplate(environment.e2b_template)
 
 
-def workspace_source(task: SweTask, repo: Path | None) -> WorkspaceSource:
+def workspace_source(task: SweTask, repo: Path | None) -> GitWorkspace | ImageWorkspace:
     """The workspace of a sandbox for `task`: the image's own directory when the image holds
     the repository, else a checkout of the prepared repository `repo` at the base commit."""
     if task.in_image:
         assert task.environment is not None
-        return ImageWorkspace(PurePosixPath(task.environment.workdir))
+        workdir = task.environment.workdir
+        return ImageWorkspace(PurePosixPath(workdir) if workdir is not None else None)
     if repo is None or task.base_commit is None:
         raise ValueError(f"task {task.instance_id} needs its prepared repository")
     return GitWorkspace(repo, task.base_commit)
@@ -88,12 +86,17 @@ class CaptureUnsupportedError(RuntimeError):
     """The sandbox cannot capture a change made in an image's own directory (yet)."""
 
 
+def can_capture(task: SweTask, repo: Path | None) -> bool:
+    """Whether a change in a sandbox for `task` can be captured (see capture_change)."""
+    return repo is not None and task.base_commit is not None
+
+
 async def capture_change(
     box: Sandbox, task: SweTask, repo: Path | None, limits: CaptureLimits
 ) -> CapturedDiff:
     """The change made in `box`'s workspace, against the prepared repository at the base
     commit. ChangeTooLargeError and SandboxError as `capture_diff` raises them."""
-    if repo is None or task.base_commit is None:
+    if not can_capture(task, repo) or repo is None or task.base_commit is None:
         # The sandbox package's capture lists against a host repository mounted read-only
         # inside; an image's own directory has none.
         raise CaptureUnsupportedError(

@@ -60,6 +60,7 @@ from sandbox import (
 from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus, JsonValue
 from swe_rl.environment import (
     CaptureUnsupportedError,
+    can_capture,
     capture_change,
     environment_reason,
     sandbox_spec,
@@ -190,6 +191,9 @@ class SweEpisode:
                     raise _Aborted(reason) from None
                 raise _Aborted(f"sandbox: {error}") from None
         async with box:
+            if not can_capture(task, repo):  # known now: spend no agent run on it
+                reason = "the sandbox cannot capture a change made in an image's own directory"
+                raise _Aborted(environment_reason(task, "capturing the change", reason))
             with _phase(phases, "setup"):
                 await self._setup(box, task)
             with _phase(phases, "agent"):

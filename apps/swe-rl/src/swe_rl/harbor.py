@@ -17,10 +17,11 @@ it) and the rest are files.
 
 Each task becomes a row whose environment is its image and whose workspace is the image's
 working directory (`[environment].workdir`, else the Dockerfile's last WORKDIR, else the
-converter's default). Its grading is the reward_file runner: the grader copies the task's
-`tests/` (from this host, never from the agent's workspace) into the fresh grading sandbox
-after the agent's change, runs `bash /tests/test.sh` and reads the reward file. The reference
-solution goes to the row's `reference` (`swe-rl validate` runs it), never to its metadata.
+converter's default, else the image's own working directory). Its grading is the
+reward_file runner: the grader copies the task's `tests/` (from this host, never from the
+agent's workspace) into the fresh grading sandbox after the agent's change, runs
+`bash /tests/test.sh` and reads the reward file. The reference solution goes to the row's
+`reference` (`swe-rl validate` runs it), never to its metadata.
 
 An environment given only as a Dockerfile that builds something (RUN, COPY, ...) needs an
 image build, which needs a container daemon: such a task is skipped with that reason. A
@@ -46,8 +47,9 @@ _SIMPLE_DOCKERFILE = frozenset({"FROM", "WORKDIR", "LABEL", "ARG"})
 
 @dataclass(frozen=True, slots=True)
 class HarborOptions:
-    workdir: str = "/app"
-    """The workspace when neither task.toml nor the Dockerfile names one."""
+    workdir: str | None = None
+    """The workspace when neither task.toml nor the Dockerfile names one (None: the image's
+    own working directory)."""
     images_dir: Path | None = None
     """Local images, one per image name (its `/` and `:` as `_`), as `image_format` says."""
     image_format: Literal["oci_layout", "rootfs"] = "oci_layout"
@@ -104,10 +106,7 @@ def convert_task(directory: Path, options: HarborOptions) -> dict[str, Any]:
     timeout = options.timeout_s or float(verifier.get("timeout_sec", 600.0))
     metadata = {
         "instance_id": _name(directory, config),
-        "environment": {
-            **_local(image, options),
-            "workdir": str(environment.get("workdir") or workdir or options.workdir),
-        },
+        "environment": _environment(image, options, environment.get("workdir") or workdir),
         "problem_statement": instruction,
         "grading": {
             "runner": {
@@ -206,6 +205,11 @@ def _read_dockerfile(text: str) -> tuple[str | None, str | None, str]:
         elif keyword not in _SIMPLE_DOCKERFILE:
             return base, workdir, f"{keyword} {rest}"[:80]
     return base, workdir, ""
+
+
+def _environment(image: str, options: HarborOptions, workdir: object) -> dict[str, str]:
+    chosen = workdir or options.workdir
+    return {**_local(image, options), **({"workdir": str(chosen)} if chosen else {})}
 
 
 def _local(image: str, options: HarborOptions) -> dict[str, str]:

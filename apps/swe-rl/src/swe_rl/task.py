@@ -70,7 +70,8 @@ grading sandbox alike; exactly one of
     {"rootfs": "/data/rootfs/x", "env": {...}}      # an unpacked root file system (env optional)
     {"e2b_template": "template-id"}                 # an E2B template
 
-plus `"workdir"`: where the image keeps the repository (default "/testbed"). Without `repo`,
+plus `"workdir"`: where the image keeps the repository (default: the image's own working
+directory; SWE-bench's images keep it at "/testbed"). Without `repo`,
 the workspace is that directory of the image itself, writable in place (SWE-bench images have
 their environment installed in editable mode against it); with `repo`, the repository is
 checked out as without an environment, on the image's root file system. Rows without an
@@ -118,8 +119,9 @@ class Environment:
     rootfs: str | None = None
     rootfs_env: Mapping[str, str] = field(default_factory=dict)
     e2b_template: str | None = None
-    workdir: str = "/testbed"
-    """Where the image keeps the repository (the workspace when the task names no `repo`)."""
+    workdir: str | None = None
+    """Where the image keeps the repository (the workspace when the task names no `repo`);
+    None: the image's own working directory."""
 
     @property
     def label(self) -> str:
@@ -324,8 +326,10 @@ def _environment(payload: Mapping[str, Any]) -> Environment:
         raise TaskError(prefix + "ref", "is a field of an oci_layout environment only")
     if "env" in environment and kind != "rootfs":
         raise TaskError(prefix + "env", "is a field of a rootfs environment only")
-    workdir = _text(environment, "workdir", prefix) if "workdir" in environment else "/testbed"
-    if not workdir.startswith("/") or workdir.rstrip("/") == "" or "/../" in f"{workdir}/":
+    workdir = _text(environment, "workdir", prefix) if "workdir" in environment else None
+    if workdir is not None and (
+        not workdir.startswith("/") or workdir.rstrip("/") == "" or "/../" in f"{workdir}/"
+    ):
         raise TaskError(prefix + "workdir", f"must be an absolute directory, got {workdir!r}")
     return Environment(
         image=value if kind == "image" else None,
@@ -334,7 +338,7 @@ def _environment(payload: Mapping[str, Any]) -> Environment:
         rootfs=value if kind == "rootfs" else None,
         rootfs_env=_strings(environment, "env", prefix),
         e2b_template=value if kind == "e2b_template" else None,
-        workdir=workdir.rstrip("/"),
+        workdir=workdir.rstrip("/") if workdir is not None else None,
     )
 
 
