@@ -102,3 +102,37 @@ def static_root(where: Path) -> Path:
         pytest.skip(f"cannot link statically here: {built.stderr.strip()[-300:]}")
     (root / "etc" / "marker").write_text("the image's own /etc\n")
     return root
+
+
+REPORTER_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(void) {
+    char cwd[4096];
+    const char *mark = getenv("TASK_MARK"), *home = getenv("HOME");
+    printf("uid=%d gid=%d cwd=%s mark=%s home=%s\n", (int)getuid(), (int)getgid(),
+           getcwd(cwd, sizeof cwd) ? cwd : "?", mark ? mark : "-", home ? home : "-");
+    return 0;
+}
+"""
+
+
+def reporter(where: Path) -> bytes:
+    """A static program that reports who and where it runs (installed as an image's
+    /bin/bash, it answers every command with that)."""
+    compiler = shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("gcc is not installed")
+    source = where / "reporter.c"
+    source.write_text(REPORTER_C)
+    binary = where / "reporter"
+    built = subprocess.run(
+        [compiler, "-static", "-O1", "-o", str(binary), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.skip(f"cannot link statically here: {built.stderr.strip()[-300:]}")
+    return binary.read_bytes()

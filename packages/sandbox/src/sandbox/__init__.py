@@ -19,6 +19,15 @@ from sandbox._errors import (
     UnsupportedSpecError,
 )
 from sandbox._git_diff import UnsafePatchError, apply_diff
+from sandbox._images import (
+    ImageCache,
+    ImageCacheConfig,
+    ImageConfig,
+    ImageLease,
+    ImagePullError,
+    Platform,
+    RegistryCredentials,
+)
 from sandbox._local import Enforcement, LocalBackend, LocalConfig, LocalSandbox
 from sandbox._protocol import Process, Sandbox, SandboxBackend
 from sandbox._result import KILLED_EXIT_CODE, ExecResult, ScriptResult
@@ -58,6 +67,11 @@ __all__ = [
     "ExecResult",
     "ForwardedEndpoint",
     "GitWorkspace",
+    "ImageCache",
+    "ImageCacheConfig",
+    "ImageConfig",
+    "ImageLease",
+    "ImagePullError",
     "ImageSource",
     "ImageWorkspace",
     "InitGoneError",
@@ -65,8 +79,10 @@ __all__ = [
     "LocalConfig",
     "LocalSandbox",
     "OciLayoutImage",
+    "Platform",
     "Process",
     "ReadOnlyBind",
+    "RegistryCredentials",
     "RegistryImage",
     "ResourceLimits",
     "RetryPolicy",

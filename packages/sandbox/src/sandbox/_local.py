@@ -57,6 +57,7 @@ from sandbox._errors import (
 from sandbox._forward import HostRelay, RelayBudget
 from sandbox._host import HostSandbox
 from sandbox._image_root import ImagePlan, ImageRoot, plan
+from sandbox._images import ImageCache, ImageCacheConfig, ImageLease
 from sandbox._private_dirs import owned_directory, private_dir, remove_tree
 from sandbox._runtime import HostRuntime
 from sandbox._seccomp import compile_filter
@@ -65,6 +66,8 @@ from sandbox._spec import (
     EmptyWorkspace,
     GitWorkspace,
     ImageWorkspace,
+    OciLayoutImage,
+    RegistryImage,
     RootfsImage,
     SandboxSpec,
 )
@@ -153,6 +156,8 @@ class LocalConfig:
     False enforces limits with rlimits only (per process, or per host user for processes).
     cgroup_parent: a cgroup path (relative to each hierarchy's root) delegated to us, under
     which per-sandbox groups are made; None means `agent-sandboxes/` below our own cgroup.
+    images: where RegistryImage and OciLayoutImage specs are pulled and unpacked, once per
+    node (docs/images.md); None refuses them (RootfsImage needs no cache).
     """
 
     isolation: Literal["bwrap", "none"] = "bwrap"
@@ -166,6 +171,7 @@ class LocalConfig:
     subordinate_ids: bool = True
     use_cgroups: bool = True
     cgroup_parent: PurePosixPath | None = None
+    images: ImageCacheConfig | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in ("bwrap", "none"):
@@ -197,6 +203,7 @@ class LocalBackend:
 
     def __init__(self, config: LocalConfig | None = None) -> None:
         self.config = config or LocalConfig()
+        self._images = ImageCache(self.config.images) if self.config.images else None
         self._prepared: _Prepared | None = None
         self._prepare_lock = asyncio.Lock()
         self._warned = False
@@ -213,7 +220,7 @@ class LocalBackend:
         if self.config.isolation == "none":
             return await self._create_on_host(spec)
         prepared = await self._prepare()
-        return await _Boot(self.config, prepared, spec).run()
+        return await _Boot(self.config, prepared, spec, self._images).run()
 
     async def _prepare(self) -> _Prepared:
         async with self._prepare_lock:
@@ -227,6 +234,8 @@ class LocalBackend:
             return self._prepared
 
     async def _create_on_host(self, spec: SandboxSpec) -> HostSandbox:
+        if spec.image is not None:
+            raise UnsupportedSpecError("isolation='none' runs on the host's own root, no image")
         if not self._warned:
             self._warned = True
             logger.warning(
@@ -562,6 +571,8 @@ class _Booted:
     host_uid: int
     cgroup: SandboxCgroup | None
     lease: UidLease | None
+    image: ImageLease | None = None
+    """The cached image the sandbox runs on, held until it is gone."""
 
     def why_gone(self, gone: InitGoneError) -> InitGoneError:
         """Init died under us: say so plainly when the memory limit is why (a sandbox whose
@@ -584,7 +595,11 @@ class _Booted:
             logger.debug("sandbox %s: bwrap %d reaped", self.state_dir.name, self.process.pid)
         finally:
             os.close(self.pidfd)
-            await asyncio.to_thread(self._release)
+            try:
+                await asyncio.to_thread(self._release)
+            finally:
+                if self.image is not None:
+                    await self.image.release()
 
     def _release(self) -> None:
         try:
@@ -598,13 +613,21 @@ class _Booted:
 class _Boot:
     """One sandbox boot: each step registers how to undo it, so a failure leaves nothing."""
 
-    def __init__(self, config: LocalConfig, prepared: _Prepared, spec: SandboxSpec) -> None:
+    def __init__(
+        self,
+        config: LocalConfig,
+        prepared: _Prepared,
+        spec: SandboxSpec,
+        images: ImageCache | None = None,
+    ) -> None:
         self.config = config
         self.prepared = prepared
         self.spec = spec
         self._fds: list[int] = []
         self.image: ImagePlan | None = None
         self.runtime: HostRuntime | None = None
+        self._images = images
+        self._image_lease: ImageLease | None = None
 
     async def probe(self) -> None:
         """Boot and close one empty sandbox: proves every layer works here, or says which not."""
@@ -617,6 +640,14 @@ class _Boot:
         await sandbox.close()
 
     async def run(self) -> LocalSandbox:
+        try:
+            return await self._run()
+        except BaseException:
+            if self._image_lease is not None:  # released by the sandbox once it has one
+                await self._image_lease.release()
+            raise
+
+    async def _run(self) -> LocalSandbox:
         if self.spec.image is not None:
             await self._lay_out_image()
         source = self.spec.workspace
@@ -672,12 +703,20 @@ class _Boot:
     async def _lay_out_image(self) -> None:
         """Resolve the spec's image to a root on the host and lay the sandbox out on it."""
         image = self.spec.image
-        if not isinstance(image, RootfsImage):
+        if isinstance(image, RootfsImage):
+            root = ImageRoot(image.path, image.env, image.working_dir, image.user)
+        elif isinstance(image, RegistryImage | OciLayoutImage):
+            if self._images is None:
+                raise UnsupportedSpecError(
+                    f"a {type(image).__name__} needs an image cache: LocalConfig(images=...)"
+                )
+            self._image_lease = lease = await self._images.acquire(image)
+            config = lease.config
+            root = ImageRoot(lease.root, config.env, config.working_dir, config.user)
+        else:
             raise UnsupportedSpecError(
-                f"the local backend cannot run a {type(image).__name__} (RegistryImage and "
-                "OciLayoutImage need an image cache; E2BTemplate is E2B's)"
+                f"the local backend cannot run a {type(image).__name__} (E2B runs templates)"
             )
-        root = ImageRoot(image.path, image.env, image.working_dir, image.user)
         workspace = self.spec.workspace
         self.image = await asyncio.to_thread(
             plan,
@@ -688,7 +727,7 @@ class _Boot:
             scratch=SCRATCH_MOUNTS[:-1],
         )
         self.runtime = await asyncio.to_thread(self.prepared.runtime)
-        if image.path not in self.prepared.checked_roots:
+        if isinstance(image, RootfsImage) and image.path not in self.prepared.checked_roots:
             # A root file system of the caller's: checked once per backend (an unpacked image
             # holds no sockets: tar has no such entry).
             await asyncio.to_thread(_refuse_sockets, [image.path])
@@ -901,6 +940,7 @@ class _Boot:
             host_uid=uid,
             cgroup=cgroup,
             lease=lease,
+            image=self._image_lease,
         )
 
     async def _enter_subordinate_ids(
