@@ -41,7 +41,7 @@ template text differs from the chat template's own render."""
 HISTORY_DROPPED = "history_dropped"
 """The ``TurnMeta.extra`` key saying the client sent this request again without the oldest part
 of its history after it was refused as too long (how Claude Code and Codex shorten a compaction
-request): the output was written without what was dropped, the task often among it, and is
+request), the task statement among what went: the output was written without the task and is
 never trained (:attr:`LossReason.HISTORY_DROPPED`). The value says what was dropped."""
 OUTPUT_KEPT = "output_kept"
 """The ``TurnMeta.extra`` key of why an earlier reply in this turn's prompt is kept as the

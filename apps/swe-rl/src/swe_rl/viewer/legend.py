@@ -50,8 +50,8 @@ REASONS: dict[LossReason, ReasonText] = {
     ),
     LossReason.HISTORY_DROPPED: ReasonText(
         "history dropped",
-        "Output of a request resent without its oldest messages (the task, often) after a "
-        "too-long refusal: written without them, never trained.",
+        "Output of a request resent without its oldest messages, the task among them, after "
+        "a too-long refusal: written without the task, never trained.",
     ),
     LossReason.OVER_LENGTH: ReasonText(
         "over length", "Generated tokens cut or dropped by the sample length limit."
