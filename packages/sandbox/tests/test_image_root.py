@@ -19,6 +19,7 @@ from sandbox import (
     SandboxCommandError,
     SandboxSpec,
     UnsupportedSpecError,
+    capture_diff,
 )
 
 from .conftest import git
@@ -175,3 +176,23 @@ async def test_a_full_workspace_reports_its_limit_at_the_images_path(
     async with await backend.create(spec) as box:
         filled = await box.exec("head -c 16M /dev/zero > big; echo done")
         assert "workspace_bytes" in filled.limits_hit
+
+
+async def test_the_agents_change_in_the_images_workspace_is_captured(
+    backend: LocalBackend,
+) -> None:
+    """The change is read against the image's own repository (read-only, out of the agent's
+    reach), whatever the agent did to the workspace's `.git`."""
+    root = debian_root()
+    base = git(root / "testbed", "-c", "safe.directory=*", "rev-parse", "HEAD")
+    spec = SandboxSpec(image=debian(), workspace=ImageWorkspace())
+    async with await backend.create(spec) as box:
+        assert box.source_repository == root / "testbed"
+        assert box.base_repository == "/run/sandbox/seed/.git"
+        await box.write_file("calc.py", "def add(a, b):\n    return a + b\n")
+        await box.write_file("new_test.py", "def test_add():\n    pass\n")
+        wiped = await box.exec("rm -rf .git && git init -q && echo planted > .git/HEAD")
+        assert wiped.exit_code == 0, wiped.stderr
+        captured = await capture_diff(box, box.source_repository, base)
+    assert set(captured.changed_paths) == {"calc.py", "new_test.py"}
+    assert b"+    return a + b" in captured.patch

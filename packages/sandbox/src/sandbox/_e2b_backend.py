@@ -653,6 +653,10 @@ class E2BSandbox:
         return True
 
     @property
+    def source_repository(self) -> Path | None:
+        return None
+
+    @property
     def base_repository(self) -> str | None:
         """None: E2B cannot mount a host repository read-only inside, so `capture_diff`
         refuses an E2B sandbox."""

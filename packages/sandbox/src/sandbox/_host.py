@@ -61,6 +61,7 @@ class HostSandbox(CommandSandbox):
         limits: ResourceLimits,
         endpoint_url: str | None,
         base_repository: str | None = None,
+        source_repository: Path | None = None,
     ) -> None:
         super().__init__(
             state_dir=state_dir,
@@ -72,6 +73,7 @@ class HostSandbox(CommandSandbox):
         self._prefix = prlimit_prefix(prlimit, limits)
         self._endpoint_url = endpoint_url
         self._base_repository = base_repository
+        self._source_repository = source_repository
 
     @property
     def endpoint_url(self) -> str | None:
@@ -80,6 +82,10 @@ class HostSandbox(CommandSandbox):
     @property
     def isolated(self) -> bool:
         return False
+
+    @property
+    def source_repository(self) -> Path | None:
+        return self._source_repository
 
     @property
     def base_repository(self) -> str | None:

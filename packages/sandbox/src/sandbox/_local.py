@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sandbox import _owner
 from sandbox._bwrap import (
@@ -56,7 +56,7 @@ from sandbox._errors import (
 )
 from sandbox._forward import HostRelay, RelayBudget
 from sandbox._host import HostSandbox
-from sandbox._image_root import ImagePlan, ImageRoot, plan
+from sandbox._image_root import ImagePlan, ImageRoot, inside, plan
 from sandbox._images import ImageCache, ImageCacheConfig, ImageLease
 from sandbox._private_dirs import owned_directory, private_dir, remove_tree
 from sandbox._runtime import HostRuntime
@@ -266,6 +266,9 @@ class LocalBackend:
                 limits=spec.limits,
                 endpoint_url=endpoint,
                 base_repository=base,
+                source_repository=(
+                    spec.workspace.repo if isinstance(spec.workspace, GitWorkspace) else None
+                ),
             )
         except BaseException:
             await asyncio.to_thread(remove_tree, state)
@@ -284,6 +287,7 @@ class LocalSandbox(CommandSandbox):
         python: tuple[Sequence[str], Mapping[str, str]],
         base_repository: str | None,
         max_output_bytes: int | None,
+        source_repository: Path | None = None,
         workspace: str = SANDBOX_WORKSPACE,
     ) -> None:
         super().__init__(
@@ -296,6 +300,7 @@ class LocalSandbox(CommandSandbox):
         self._boot = boot
         self._python_inside = python
         self._base_repository = base_repository
+        self._source_repository = source_repository
         self._relay: HostRelay | None = None
         self._endpoint_url: str | None = None
 
@@ -333,6 +338,10 @@ class LocalSandbox(CommandSandbox):
     @property
     def base_repository(self) -> str | None:
         return self._base_repository
+
+    @property
+    def source_repository(self) -> Path | None:
+        return self._source_repository
 
     def _python(self) -> tuple[Sequence[str], Mapping[str, str]]:
         return self._python_inside
@@ -680,9 +689,9 @@ class _Boot:
             env=env,
             keep_state=self.config.keep_state,
             python=self._script_python(),
-            base_repository=SOURCE_MOUNT if commit is not None else None,
             max_output_bytes=self.spec.limits.max_output_bytes,
             workspace=layout.workspace,
+            **self._repositories(commit),
         )
         try:
             await self._populate(sandbox, commit)
@@ -732,6 +741,18 @@ class _Boot:
             # holds no sockets: tar has no such entry).
             await asyncio.to_thread(_refuse_sockets, [image.path])
             self.prepared.checked_roots.add(image.path)
+
+    def _repositories(self, commit: str | None) -> dict[str, Any]:
+        """Where the workspace's own repository is, inside (read-only) and on the host: a
+        GitWorkspace's source, or the repository the image keeps at its ImageWorkspace (its
+        `.git`, seen through the image's read-only copy)."""
+        if commit is not None:
+            assert isinstance(self.spec.workspace, GitWorkspace)
+            return {"base_repository": SOURCE_MOUNT, "source_repository": self.spec.workspace.repo}
+        seed = self.image.seed if self.image is not None else None
+        if seed is not None and inside(seed, PurePosixPath("/.git")) is not None:
+            return {"base_repository": f"{_SEED_PATH}/.git", "source_repository": seed}
+        return {"base_repository": None}
 
     def _layout(self) -> Layout:
         if self.image is None:

@@ -66,6 +66,12 @@ class Sandbox(Protocol):
         when the sandbox has none (a workspace not from git, E2B)."""
         ...
 
+    @property
+    def source_repository(self) -> Path | None:
+        """That repository on the host (a GitWorkspace's, or the repository an image keeps
+        where its ImageWorkspace is), for `capture_diff`; None with `base_repository`."""
+        ...
+
     async def exec(
         self,
         cmd: str,

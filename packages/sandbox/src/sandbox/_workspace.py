@@ -86,6 +86,11 @@ def git_common_dir(source: Path) -> Path:
     source = source.resolve()
     if not source.exists():
         raise CheckoutError(f"source repository does not exist: {source}")
+    own = source / ".git"
+    if own.is_dir() and not own.is_symlink() and not (own / "commondir").exists():
+        # A main work tree's own git directory: no need to ask git, which refuses a
+        # repository another user owns (an image's, unpacked as root) to a non-root caller.
+        return own
     return Path(_git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=source))
 
 
