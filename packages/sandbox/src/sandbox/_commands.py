@@ -238,6 +238,11 @@ class CommandSandbox(ABC):
     def base_repository(self) -> str | None:
         """The read-only git directory the workspace came from, as seen inside (see Sandbox)."""
 
+    @property
+    @abstractmethod
+    def source_repository(self) -> Path | None:
+        """That repository on the host (see Sandbox)."""
+
     @abstractmethod
     def _python(self) -> tuple[Sequence[str], Mapping[str, str]]:
         """The command that starts the interpreter `run_python` uses inside (one the sandbox
