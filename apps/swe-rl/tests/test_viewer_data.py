@@ -315,6 +315,7 @@ def test_flag_names_are_the_gate_names() -> None:
         "zero_trainable",
         "zero_tool_calls",
         "tool_call_parse_failures",
+        "environment_aborts",
     }
 
 

@@ -118,7 +118,13 @@ def _tree_detail(
     trained = sum(s.trained_tokens for s in linearization.samples) if trains else 0
     card["stats"] = {**summary.as_dict(), "trained_tokens": trained}
     card["flags"] = _flags(
-        EpisodeHealth(entry.status, trained, summary.tool_calls, summary.malformed_tool_calls)
+        EpisodeHealth(
+            entry.status,
+            trained,
+            summary.tool_calls,
+            summary.malformed_tool_calls,
+            entry.reason,
+        )
     )
     samples = [_sample(tree, s) for s in linearization.samples]
     return {
@@ -281,6 +287,8 @@ def _flags(health: EpisodeHealth) -> list[dict[str, str]]:
                 f"{health.malformed_tool_calls} of {attempts} tool calls malformed",
             )
         )
+    if health.environment_failed:
+        flags.append(_flag("environment_aborts", "aborted: its task's environment failed"))
     return flags
 
 
