@@ -71,11 +71,14 @@ def resolve(workdir: Path) -> dict[str, str]:
 
 def _copy_workspace(dest: Path) -> Path:
     target = dest / "ws"
+    # Only what resolution reads: never the caches (.cache holds test images' root file
+    # systems, hundreds of MB each), links copied as links (an image root is full of them).
     shutil.copytree(
         ROOT,
         target,
+        symlinks=True,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", "uv.lock", "__pycache__", "*_cache", "node_modules"
+            ".git", ".venv", ".cache", "runs", "uv.lock", "__pycache__", "*_cache", "node_modules"
         ),
     )
     return target
