@@ -15,7 +15,6 @@ import pytest
 import transformers.utils.chat_template_utils as hf_templates
 
 from protocol_adapters._rendering import (
-    ArgumentsForm,
     ChatTemplate,
     FindingKind,
     Renderer,
@@ -351,18 +350,18 @@ ARGUMENTS_AS_THEY_COME = (
 )
 
 
-def test_a_template_that_prints_arguments_as_they_come_gets_the_json_text(
-    small: Vocabulary,
-) -> None:
-    """Like Phi-4-mini: ``{{ arguments }}`` of a mapping would print Python's repr; the audit
-    sees it, and such a template gets the client's JSON text, rendered exactly."""
+def test_a_template_that_concatenates_arguments_is_unusable_as_the_engines_find_it() -> None:
+    """``'...' + arguments`` needs the JSON text, but SGLang and vLLM pass every template the
+    decoded mapping: their chat endpoints fail on any conversation with a call, and so does the
+    audit (the adapter passes no template text the deployed engines never give it)."""
     source = trait_template().replace(
         "{%- for c in m.tool_calls or [] %}", ARGUMENTS_AS_THEY_COME + "{%- for c in [] %}"
     )
-    chat = ChatTemplate("verbatim-arguments", source, SPECIAL)
-    audit = audit_template(chat)
-    assert audit.arguments is ArgumentsForm.STRING
-    assert audit.verdict is Verdict.BRIDGE_EXACT, audit.report()
+    audit = audit_template(ChatTemplate("concatenated-arguments", source, SPECIAL))
+    assert audit.verdict is Verdict.UNUSABLE
+    (fatal,) = audit.of_kind(FindingKind.FATAL)
+    assert "refuses an ordinary agent conversation" in fatal.feature
+    assert "can only concatenate str" in fatal.detail
 
 
 def test_a_probe_the_template_refuses_falls_back_to_a_counted_full_render(

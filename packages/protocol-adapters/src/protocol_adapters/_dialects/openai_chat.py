@@ -9,6 +9,8 @@ Decisions a reader should know:
   interleave differently (text after a tool call) cannot come back identical through this
   dialect; the other two preserve block order.
 - Empty or null assistant ``content`` means "no text" (clients send either next to tool calls).
+- A ``tool`` message keeps the ``name`` the client gave it, and has none otherwise: templates
+  print it (OLMo 3's "Function name returned:"), as vLLM passes it.
 - Tools other than ``type: "function"`` are not offered to the model; their types are listed in
   ``metadata["ignored_tools"]``.
 - ``n`` other than 1, ``audio`` output and legacy ``function_call`` are rejected.
@@ -210,7 +212,8 @@ def _message(raw: object, path: str) -> Message:
     if role == "tool":
         call_id = required_str(obj, "tool_call_id", path)
         content = _parts(require(obj, "content", path), content_path, images=False)
-        return Message("tool", content, tool_call_id=call_id)
+        name = optional_str(obj, "name", path)
+        return Message("tool", content, tool_call_id=call_id, name=name)
     fail(
         at(path, "role"),
         f"unknown role {role!r}; expected 'system', 'developer', 'user', 'assistant' or 'tool'",

@@ -4,7 +4,7 @@ from .audit import audit_source, audit_template
 from .renderer import PromptTooLong, RenderedPrompt, Renderer, RendererConfig
 from .stats import BridgeStats
 from .template import ChatTemplate, TemplateError, qwen3_template
-from .template_messages import ArgumentsForm
+from .template_messages import ToolResultNames
 from .verdict import (
     Finding,
     FindingKind,
@@ -15,7 +15,6 @@ from .verdict import (
 )
 
 __all__ = [
-    "ArgumentsForm",
     "BridgeStats",
     "ChatTemplate",
     "Finding",
@@ -28,6 +27,7 @@ __all__ = [
     "TemplateError",
     "TemplateMode",
     "TemplateRefused",
+    "ToolResultNames",
     "Verdict",
     "audit_source",
     "audit_template",

@@ -14,8 +14,8 @@ prompt) is compared with the template's own render of that request. It asks:
   ends with): a rewrite, only full renders give the template's prompts;
 - does rendering depend on the clock (``strftime_now``): the renderer then freezes it per session;
 - which conversations it refuses (several tool calls in one turn, a system message after the
-  first), how it wants tool-call arguments (a mapping or the JSON text), and whether it drops
-  what the model must see (unusable).
+  first), whether it needs tool results named after their call, and whether it drops what the
+  model must see (unusable).
 
 The simulated model output of each turn is the template's own rendering of that reply, so the
 audit judges the template, not a model; what a real model writes differently is the runtime
@@ -33,6 +33,7 @@ from trajectory_tree import Message, Prompt, ToolCall, ToolSpec
 
 from .conversation import NotAnAppend, Slot, TemplateContext, bridge_text
 from .diagnosis import (
+    REASONING_NEVER_RENDERED,
     common_prefix,
     describe,
     excerpt,
@@ -52,7 +53,7 @@ from .scenarios import (
     system_note,
 )
 from .template import ChatTemplate, TemplateError
-from .template_messages import ArgumentsForm, call_names, template_messages, template_tools
+from .template_messages import ToolResultNames, call_names, template_messages, template_tools
 from .verdict import Finding, FindingKind, TemplateAudit
 
 AUDIT_NOW = datetime(2024, 7, 26, 9, 30, 0)
@@ -88,26 +89,29 @@ class _Auditor:
     def __init__(self, template: ChatTemplate) -> None:
         self.template = template
         self.findings: dict[tuple[FindingKind, str], Finding] = {}
-        self.arguments = ArgumentsForm.MAPPING
+        self.result_names = ToolResultNames.AS_SENT
 
     def add(self, finding: Finding) -> None:
         self.findings.setdefault((finding.kind, finding.feature), finding)
 
     def context(self, tools: Sequence[ToolSpec]) -> TemplateContext:
-        return TemplateContext(self.template, Prompt((), tuple(tools)), self.arguments, AUDIT_NOW)
+        return TemplateContext(
+            self.template, Prompt((), tuple(tools)), self.result_names, AUDIT_NOW
+        )
 
     def result(self, *, time_dependent: bool = False, parallel: bool = True) -> TemplateAudit:
         return TemplateAudit(
             self.template.name,
             tuple(self.findings.values()),
-            self.arguments,
+            self.result_names,
             time_dependent,
             parallel,
         )
 
     def run(self) -> TemplateAudit:
         plain = agent(reasoning=False)
-        self.arguments = self.arguments_form()
+        self.result_names = self.names_needed(plain)
+        self.arguments()
         for tools in (TOOLS, ()):
             refused = self.refusal(self.context(tools), plain)
             if refused is not None:
@@ -158,27 +162,48 @@ class _Auditor:
             self.simulate(context, messages, optional=feature)
         return True
 
-    def arguments_form(self) -> ArgumentsForm:
-        """A mapping (transformers' convention), unless the template prints a mapping as Python
-        (``{'command': ...}``) where the JSON text renders as JSON."""
-        messages = arguments_probe()
-        text = {form: self.render_or_empty(messages, form) for form in ArgumentsForm}
-        mapping = json.loads(messages[1].tool_calls[0].arguments)
-        as_json = json.dumps(mapping, ensure_ascii=False)
-        printed_as_python = repr(mapping) in text[ArgumentsForm.MAPPING]
-        shown = ARGUMENT_VALUE in text[ArgumentsForm.MAPPING] and not printed_as_python
-        if not shown and as_json in text[ArgumentsForm.STRING]:
-            return ArgumentsForm.STRING
-        if not shown:
-            self.add(Finding(FindingKind.FATAL, "drops tool-call arguments"))
-        return ArgumentsForm.MAPPING
+    def names_needed(self, plain: Sequence[Message]) -> ToolResultNames:
+        """Tool results as the client sent them (no name), unless the template refuses that and
+        accepts them named after their call: no engine has a prompt for such a request (vLLM
+        refuses it), and agents' clients rarely name results."""
+        for tools in (TOOLS, ()):
+            if self.refusal(self.context(tools), plain) is None:
+                continue
+            prompt = Prompt((), tuple(tools))
+            named = TemplateContext(self.template, prompt, ToolResultNames.FROM_CALLS, AUDIT_NOW)
+            if self.refusal(named, plain) is None:
+                self.add(
+                    Finding(
+                        FindingKind.NOTE,
+                        "refuses tool results without the function's name",
+                        "the bridge names them after their call; vLLM refuses such requests",
+                    )
+                )
+                return ToolResultNames.FROM_CALLS
+        return ToolResultNames.AS_SENT
 
-    def render_or_empty(self, messages: Sequence[Message], form: ArgumentsForm) -> str:
-        context = TemplateContext(self.template, Prompt((), TOOLS), form, AUDIT_NOW)
+    def arguments(self) -> None:
+        """Arguments are passed as the engines pass them, a mapping; a template must show them
+        (printing the mapping as Python, ``{'command': ...}``, is how the deployed model sees
+        them too: worth a note)."""
+        messages = arguments_probe()
+        context = self.context(TOOLS)
         try:
-            return context.render(messages, add_generation_prompt=True)
+            text = context.render(messages, add_generation_prompt=True)
         except TemplateError:
-            return ""
+            return  # refused: the agent conversations say how
+        mapping = json.loads(messages[1].tool_calls[0].arguments)
+        if ARGUMENT_VALUE not in text:
+            self.add(Finding(FindingKind.FATAL, "drops tool-call arguments"))
+        elif repr(mapping) in text:
+            self.add(
+                Finding(
+                    FindingKind.NOTE,
+                    "prints tool-call arguments as a Python mapping",
+                    f"{mapping!r}, as SGLang and vLLM pass them; a reply that wrote JSON is "
+                    "kept as it was generated and re-rendered this way in full renders",
+                )
+            )
 
     def content(self, plain: Sequence[Message]) -> None:
         """What the model must see is in the render; some omissions are only worth a note."""
@@ -212,7 +237,7 @@ class _Auditor:
             self.add(
                 Finding(
                     FindingKind.NOTE,
-                    "does not render reasoning",
+                    REASONING_NEVER_RENDERED,
                     "a reply's reasoning stays only in the bridged prompt; the runtime check "
                     "records it",
                 )
@@ -225,7 +250,7 @@ class _Auditor:
                 messages = agent(reasoning=False, system=system)
                 renders = [
                     self.template.render_raw(
-                        template_messages(messages, self.arguments),
+                        template_messages(messages, result_names=self.result_names),
                         template_tools(tuple(tools)),
                         {},
                         add_generation_prompt=True,
@@ -346,7 +371,3 @@ class _Auditor:
 def _command(call: ToolCall) -> str:
     """The scenario calls' one argument, as any rendering of the call must show it."""
     return str(json.loads(call.arguments)["command"])
-
-
-def _json_text(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False)

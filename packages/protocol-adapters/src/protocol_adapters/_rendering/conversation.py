@@ -26,7 +26,12 @@ from typing import Any
 from trajectory_tree import Message, Prompt, Role, Text, ToolCall
 
 from .template import ChatTemplate, TemplateError
-from .template_messages import ArgumentsForm, template_messages, template_options, template_tools
+from .template_messages import (
+    ToolResultNames,
+    template_messages,
+    template_options,
+    template_tools,
+)
 
 SENTINEL = "\u2063probe\u2063"
 """Content of probe messages: text no real message starts or ends with."""
@@ -110,19 +115,20 @@ def probe_message(slot: Slot) -> Message:
 
 class TemplateContext:
     """A template bound to one request context (tools, options, the session's clock), with its
-    probe results cached. ``now`` freezes ``strftime_now`` (None: the real clock)."""
+    probe results cached. ``result_names``: the audit's choice of tool results' names; ``now``
+    freezes ``strftime_now`` (None: the real clock)."""
 
     def __init__(
         self,
         template: ChatTemplate,
         prompt: Prompt,
-        arguments: ArgumentsForm = ArgumentsForm.MAPPING,
+        result_names: ToolResultNames = ToolResultNames.FROM_CALLS,
         now: datetime | None = None,
     ) -> None:
         self.template = template
         self.tools = template_tools(tuple(prompt.tools))
         self.options: Mapping[str, Any] = template_options(prompt.options)
-        self.arguments = arguments
+        self.result_names = result_names
         self.now = now
         self._base_text: dict[Slot, str] = {}
         self._headers: dict[tuple[Slot | None, Role], str | None] = {}
@@ -137,9 +143,10 @@ class TemplateContext:
         add_generation_prompt: bool,
         names: Mapping[str, str] | None = None,
     ) -> str:
-        """The template's text; ``names`` names tool results whose calls precede ``messages``."""
+        """The template's text; ``names`` names tool results whose calls precede ``messages``
+        (when the template needs them named)."""
         return self.template.render_raw(
-            template_messages(messages, self.arguments, names),
+            template_messages(messages, names, self.result_names),
             self.tools,
             self.options,
             add_generation_prompt=add_generation_prompt,

@@ -101,6 +101,8 @@ def unclosed(history: str, closing: str, messages: Sequence[Message], reply: int
 
 REASONING_DROPPED = "drops the reasoning of earlier assistant turns once a later message arrives"
 """The audit's finding for a template that leaves earlier replies' reasoning out of its render."""
+REASONING_NEVER_RENDERED = "does not render reasoning"
+"""The audit's note for a template that renders no reply's reasoning, the latest included."""
 
 
 def rewrite(

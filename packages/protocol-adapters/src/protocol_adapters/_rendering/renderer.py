@@ -60,7 +60,7 @@ from trajectory_tree import (
 from .audit import PARALLEL_CALLS_REFUSED, audit_template
 from .check import Mismatch, Place, check_bridge, check_reply
 from .conversation import Slot, TemplateContext, bridge_text
-from .diagnosis import GENERATION_PROMPT_DIFFERS, REASONING_DROPPED
+from .diagnosis import GENERATION_PROMPT_DIFFERS, REASONING_DROPPED, REASONING_NEVER_RENDERED
 from .scaffold import closing_scaffold
 from .segments import label_text, segment_ids
 from .stats import BridgeStats, StatsRecorder
@@ -147,7 +147,9 @@ class Renderer:
         self.config = config or RendererConfig()
         self.audit: TemplateAudit = audit_template(template)
         enforce(self.audit, self.config.mode)
-        self._drops_reasoning = any(f.feature == REASONING_DROPPED for f in self.audit.findings)
+        self._drops_reasoning = any(
+            f.feature in (REASONING_DROPPED, REASONING_NEVER_RENDERED) for f in self.audit.findings
+        )
         self._notes: dict[str, str] = {}
         if self.config.mode is not TemplateMode.EXACT:
             self._notes[TEMPLATE_MODE] = self.config.mode.value
@@ -362,7 +364,9 @@ class Renderer:
 
     def _reasoning_kept(self, route: Route, now: datetime | None) -> str | None:
         """:data:`REASONING_KEPT` when this template leaves out the reasoning of a reply the
-        engine generated on ``route``'s path (the bridged prompt keeps it, as generated). Told
+        engine generated on ``route``'s path (the bridged prompt keeps it, as generated): a
+        template that drops earlier reasoning, or one that never renders it (whose reply check
+        may name another difference first, an accepted generation prompt's). Told
         by rendering the conversation's skeleton (short stand-ins for every text, a marker for
         every reasoning): the template decides by the conversation's shape, so this costs the
         number of messages, not their length, and runs on every turn, not on sampled ones."""
@@ -433,7 +437,7 @@ class Renderer:
             if context is not None:
                 self._contexts.move_to_end(key)
                 return context
-        context = TemplateContext(self.template, prompt, self.audit.arguments, now)
+        context = TemplateContext(self.template, prompt, self.audit.result_names, now)
         with self._lock:
             self._contexts[key] = context
             while len(self._contexts) > self.config.context_cache_size:

@@ -34,7 +34,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from trajectory_tree import Message, ToolSpec
 
-from .template_messages import ArgumentsForm, template_messages, template_options, template_tools
+from .template_messages import (
+    ToolResultNames,
+    template_messages,
+    template_options,
+    template_tools,
+)
 
 
 class _Generation(jinja2.ext.Extension):
@@ -115,11 +120,11 @@ class ChatTemplate:
         options: Mapping[str, str] | None = None,
         *,
         add_generation_prompt: bool = False,
-        arguments: ArgumentsForm = ArgumentsForm.MAPPING,
+        result_names: ToolResultNames = ToolResultNames.FROM_CALLS,
     ) -> str:
         """The template's text for ``messages`` (neutral form, converted here)."""
         return self.render_raw(
-            template_messages(messages, arguments),
+            template_messages(messages, result_names=result_names),
             template_tools(tuple(tools)),
             template_options(options or {}),
             add_generation_prompt=add_generation_prompt,

@@ -1,13 +1,17 @@
 """Neutral messages and tools in the dict shape Hugging Face chat templates expect.
 
-Three conventions of transformers are followed, because published templates are written for them:
+They are passed as vLLM's chat endpoint passes a client's request to the template, so that the
+policy is trained on the prompt it sees when served (SGLang's decodes arguments alike, but passes
+its request models' dumps: ``None`` for every field a message lacks, tools with its own keys):
 
-- tool-call ``arguments`` are a mapping (templates write ``arguments | tojson``, or iterate over
-  ``arguments | items`` as Qwen3-Coder's does); the JSON text the client sent is passed only to a
-  template that prints arguments as they come (``ArgumentsForm.STRING``, decided by the audit), or
-  when it is not a JSON object;
-- a tool result carries the ``name`` of the function it answers (Hermes-style templates refuse one
-  without), taken from the call it answers when the client did not send one;
+- tool-call ``arguments`` are the mapping their JSON text decodes to (both engines decode them
+  before templating, whatever the template then prints: Phi-4-mini's prints a Python dict); the
+  client's text stays only when it is not a JSON object (SGLang refuses such arguments, vLLM
+  passes the decoded value, or ``{}`` for text that is not JSON);
+- a tool result carries the ``name`` the client sent, or none (vLLM's form). Only a template that
+  refuses a tool result without one (Hermes) gets the name of the call it answers
+  (:attr:`ToolResultNames.FROM_CALLS`, decided by the audit), since the engines have no prompt
+  for such a request: vLLM refuses it, SGLang passes ``name: None`` (Hermes prints "None");
 - reasoning is ``reasoning_content``, aliased as ``thinking`` as transformers does.
 """
 
@@ -23,13 +27,14 @@ from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import Media, Message, Reasoning, Text, ToolCall, ToolSpec
 
 
-class ArgumentsForm(StrEnum):
-    """How a template receives tool-call arguments."""
+class ToolResultNames(StrEnum):
+    """Which ``name`` a tool result carries in the template's messages."""
 
-    MAPPING = "mapping"
-    """Decoded JSON objects: transformers' convention, what nearly every template expects."""
-    STRING = "string"
-    """The JSON text as the client sent it: for templates that print arguments verbatim."""
+    AS_SENT = "as sent"
+    """The client's, or none: what vLLM passes, for every template that accepts it."""
+    FROM_CALLS = "from calls"
+    """The function's name when the client sent none: for templates that refuse a result
+    without one, which no engine renders (vLLM refuses the request)."""
 
 
 def call_names(messages: Iterable[Message]) -> dict[str, str]:
@@ -49,9 +54,7 @@ def _decoded(text: str) -> Any:
     return value
 
 
-def _arguments(text: str, form: ArgumentsForm) -> Any:
-    if form is ArgumentsForm.STRING:
-        return text
+def _arguments(text: str) -> Any:
     try:
         value = _decoded(text)
     except ValueError:
@@ -59,13 +62,10 @@ def _arguments(text: str, form: ArgumentsForm) -> Any:
     return value if isinstance(value, dict) else text
 
 
-def template_message(
-    message: Message,
-    arguments: ArgumentsForm = ArgumentsForm.MAPPING,
-    names: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+def template_message(message: Message, names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``{"role", "content", "reasoning_content"?, "thinking"?, "tool_calls"?, "tool_call_id"?,
-    "name"?}``; ``names`` maps call ids to function names for tool results."""
+    "name"?}``; ``names`` maps call ids to the function names a tool result the client did not
+    name gets (None: it gets none)."""
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -81,7 +81,7 @@ def template_message(
                     "type": "function",
                     "function": {
                         "name": block.name,
-                        "arguments": _arguments(block.arguments, arguments),
+                        "arguments": _arguments(block.arguments),
                     },
                 }
             )
@@ -108,13 +108,15 @@ def template_message(
 
 def template_messages(
     messages: Sequence[Message],
-    arguments: ArgumentsForm = ArgumentsForm.MAPPING,
     names: Mapping[str, str] | None = None,
+    result_names: ToolResultNames = ToolResultNames.FROM_CALLS,
 ) -> list[dict[str, Any]]:
-    """Each message converted; tool results are named after the calls in ``messages`` (or in
-    ``names``, for calls made before them)."""
+    """Each message converted. With ``FROM_CALLS``, a tool result the client did not name is
+    named after its call in ``messages`` (or in ``names``, for calls made before them)."""
+    if result_names is ToolResultNames.AS_SENT:
+        return [template_message(m) for m in messages]
     known = {**(names or {}), **call_names(messages)}
-    return [template_message(m, arguments, known) for m in messages]
+    return [template_message(m, known) for m in messages]
 
 
 @lru_cache(maxsize=64)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .template_messages import ArgumentsForm
+from .template_messages import ToolResultNames
 
 
 class Verdict(StrEnum):
@@ -65,13 +65,13 @@ _VERDICT_OF = {
 
 @dataclass(frozen=True, slots=True)
 class TemplateAudit:
-    """The audit of one template. ``arguments``: how tool-call arguments are passed to it;
+    """The audit of one template. ``result_names``: which names its tool results carry;
     ``time_dependent``: it prints the clock (the renderer freezes it per session);
     ``parallel_calls``: it accepts assistant turns with several tool calls."""
 
     template: str
     findings: tuple[Finding, ...]
-    arguments: ArgumentsForm = ArgumentsForm.MAPPING
+    result_names: ToolResultNames = ToolResultNames.FROM_CALLS
     time_dependent: bool = False
     parallel_calls: bool = True
 
@@ -101,7 +101,7 @@ class TemplateAudit:
         )
         lines.extend(f"  {finding}" for kind in order for finding in self.of_kind(kind))
         if self.verdict is not Verdict.UNUSABLE:
-            lines.append(f"  tool-call arguments are passed as a {self.arguments}")
+            lines.append(f"  tool results are named {self.result_names}")
         return "\n".join(lines)
 
 
