@@ -113,6 +113,25 @@ async def test_background_process_wait_and_kill(box: E2BSandbox) -> None:
     assert (over.exit_code, over.timed_out) == (137, True)
 
 
+async def test_start_argv_passes_each_argument_verbatim_through_envds_shell(
+    box: E2BSandbox,
+) -> None:
+    """envd has only a shell to start programs with: the argv is quoted into it, `unset_env`
+    dropped by the shell itself, `env` winning over it."""
+    words = ["a b", "$HOME", "it's", "*", "-n"]
+    echo = await box.start_argv(["/usr/bin/printf", "[%s]", *words])
+    assert (await echo.wait(timeout=10)).stdout == "".join(f"[{word}]" for word in words)
+    listing = await box.start_argv(
+        ["/usr/bin/env"], env={"ADDED": "call", "KEPT": "call"}, unset_env=("GREETING", "KEPT")
+    )
+    variables = dict(
+        line.split("=", 1) for line in (await listing.wait(timeout=10)).stdout.splitlines()
+    )
+    assert "GREETING" not in variables
+    assert (variables["ADDED"], variables["KEPT"]) == ("call", "call")
+    assert box.host_program_argv("/opt/tool") == ("/opt/tool",)
+
+
 async def test_files_round_trip_and_missing_file(box: E2BSandbox) -> None:
     await box.write_file("sub/dir/data.bin", bytes(range(256)))
     assert await box.read_file("sub/dir/data.bin") == bytes(range(256))

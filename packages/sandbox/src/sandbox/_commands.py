@@ -196,6 +196,7 @@ class CommandSandbox(ABC):
         env: Mapping[str, str],
         keep_state: bool,
         max_output_bytes: int | None,
+        host_programs: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         validate_env(env)
         self._max_output = max_output_bytes
@@ -204,6 +205,7 @@ class CommandSandbox(ABC):
         self._workspace = workspace
         self._env = dict(env)
         self._keep_state = keep_state
+        self._host_programs = {path: tuple(argv) for path, argv in (host_programs or {}).items()}
         self._running: set[Launched] = set()
         self._open_io: set[_IoFiles] = set()
         """Output pipes of commands still running, or held by a background process after the
@@ -270,6 +272,16 @@ class CommandSandbox(ABC):
     def workspace(self) -> str:
         return self._workspace
 
+    def host_program_argv(self, path: str) -> tuple[str, ...]:
+        try:
+            return self._host_programs[path]
+        except KeyError:
+            declared = ", ".join(sorted(self._host_programs)) or "none"
+            raise ValueError(
+                f"{path} is not a host program of this sandbox (ReadOnlyBind.host_programs; "
+                f"declared: {declared})"
+            ) from None
+
     # -- commands ---------------------------------------------------------------------------
 
     async def exec(
@@ -293,6 +305,22 @@ class CommandSandbox(ABC):
         started = time.monotonic()
         token = await asyncio.to_thread(self._limits_token)
         launched = await self._start(["/bin/bash", "-lc", cmd], cwd, env, io)
+        return LocalProcess(self, launched, io, started, token)
+
+    async def start_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        unset_env: Sequence[str] = (),
+    ) -> LocalProcess:
+        if not argv:
+            raise ValueError("empty argv")
+        io = _IoFiles(self._io_dir, None, (self._max_output, self._max_output))
+        started = time.monotonic()
+        token = await asyncio.to_thread(self._limits_token)
+        launched = await self._start(argv, cwd, env, io, unset_env=unset_env)
         return LocalProcess(self, launched, io, started, token)
 
     async def kill_all(self) -> None:
@@ -360,9 +388,11 @@ class CommandSandbox(ABC):
         io: _IoFiles,
         *,
         inherit_env: bool = True,
+        unset_env: Sequence[str] = (),
     ) -> Launched:
         self._check_open()
-        merged = {**(self._env if inherit_env else {}), **(env or {})}
+        base = {k: v for k, v in self._env.items() if k not in unset_env} if inherit_env else {}
+        merged = {**base, **(env or {})}
         validate_env(merged)
         directory = self._resolve(cwd) if cwd is not None else self._workspace
         stdio = await asyncio.to_thread(io.open)

@@ -777,6 +777,29 @@ class E2BSandbox:
         self._processes.append(command)
         return E2BProcess(command)
 
+    async def start_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        unset_env: Sequence[str] = (),
+    ) -> E2BProcess:
+        """envd starts everything through its shell: `argv` is quoted into it and `exec`ed,
+        after bash's own `unset` of `unset_env` (no program of the template's is needed)."""
+        if not argv:
+            raise ValueError("empty argv")
+        for name in unset_env:
+            if not name.isidentifier():
+                raise ValueError(f"not an environment variable name: {name!r}")
+        dropped = [name for name in unset_env if name not in (env or {})]  # `env` wins
+        unset = f"unset -v -- {' '.join(dropped)}; " if dropped else ""
+        return await self.start(f"{unset}exec -- {shlex.join(argv)}", cwd=cwd, env=env)
+
+    def host_program_argv(self, path: str) -> tuple[str, ...]:
+        """E2B mounts no host path: `path` is the template's own program, run as it is."""
+        return (path,)
+
     async def _run_quiet(self, cmd: str) -> None:
         """Best-effort helper command (used while killing); failures are only logged."""
         try:

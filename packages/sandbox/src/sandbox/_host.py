@@ -62,6 +62,7 @@ class HostSandbox(CommandSandbox):
         endpoint_url: str | None,
         base_repository: str | None = None,
         source_repository: Path | None = None,
+        host_programs: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__(
             state_dir=state_dir,
@@ -69,6 +70,7 @@ class HostSandbox(CommandSandbox):
             env=env,
             keep_state=keep_state,
             max_output_bytes=limits.max_output_bytes,
+            host_programs=host_programs,
         )
         self._prefix = prlimit_prefix(prlimit, limits)
         self._endpoint_url = endpoint_url

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -131,9 +131,11 @@ def plan(
     wants_image_workspace: bool,
     default_workspace: PurePosixPath,
     scratch: tuple[str, ...],
+    bind_targets: Sequence[PurePosixPath] = (),
 ) -> ImagePlan:
     """Lay a sandbox out on `root` (see ImagePlan). `image_workspace` is an ImageWorkspace's
-    path (None: the image's working directory) when `wants_image_workspace`."""
+    path (None: the image's working directory) when `wants_image_workspace`; `bind_targets`
+    are where the spec's read-only binds are mounted."""
     if not root.path.is_dir():
         raise UnsupportedSpecError(f"the image's root {root.path} is not a directory")
     uid, gid, home = root.ids()
@@ -157,6 +159,8 @@ def plan(
     binds, links = root.entries(replaced)
     for path in (workspace, home):
         _check_mount_point(root, path)
+    for path in bind_targets:
+        _check_bind_target(root, path)
     room = tuple(path for path in scratch if _has_room(root, PurePosixPath(path)))
     return ImagePlan(binds, links, room, uid, gid, workspace, home, seed, dict(root.env))
 
@@ -169,6 +173,23 @@ def _check_mount_point(root: ImageRoot, path: PurePosixPath) -> None:
     if inside(root.path, PurePosixPath("/", path.parts[1])) is None:
         return  # the top level is not the image's: the sandbox's own root can hold it
     raise UnsupportedSpecError(f"the image has no directory {path} to mount the sandbox's on")
+
+
+def _check_bind_target(root: ImageRoot, path: PurePosixPath) -> None:
+    """A bind lands on what the image has at `path`, or where the sandbox can make room: in
+    its own directories (/run, /tmp) or below a top-level name the image lacks."""
+    if path.parts[1] in OWN_TOP_LEVEL or path.parent == PurePosixPath("/"):
+        return
+    if inside(root.path, path) is not None:
+        return
+    if inside(root.path, path, kind=stat.S_IFREG) is not None:
+        return
+    if inside(root.path, PurePosixPath("/", path.parts[1])) is None:
+        return
+    raise UnsupportedSpecError(
+        f"cannot bind at {path}: the image's directories are read-only and it has nothing "
+        f"there to mount on; bind under /run or a top-level directory the image lacks"
+    )
 
 
 def _has_room(root: ImageRoot, path: PurePosixPath) -> bool:

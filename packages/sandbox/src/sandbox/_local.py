@@ -59,7 +59,7 @@ from sandbox._host import HostSandbox
 from sandbox._image_root import ImagePlan, ImageRoot, inside, plan
 from sandbox._images import ImageCache, ImageCacheConfig, ImageLease
 from sandbox._private_dirs import owned_directory, private_dir, remove_tree
-from sandbox._runtime import HostRuntime
+from sandbox._runtime import HostRuntime, program_commands
 from sandbox._seccomp import compile_filter
 from sandbox._spec import (
     DirectoryWorkspace,
@@ -269,6 +269,7 @@ class LocalBackend:
                 source_repository=(
                     spec.workspace.repo if isinstance(spec.workspace, GitWorkspace) else None
                 ),
+                host_programs=_native_programs(spec),
             )
         except BaseException:
             await asyncio.to_thread(remove_tree, state)
@@ -289,6 +290,7 @@ class LocalSandbox(CommandSandbox):
         max_output_bytes: int | None,
         source_repository: Path | None = None,
         workspace: str = SANDBOX_WORKSPACE,
+        host_programs: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__(
             state_dir=boot.state_dir,
@@ -296,6 +298,7 @@ class LocalSandbox(CommandSandbox):
             env=env,
             keep_state=keep_state,
             max_output_bytes=max_output_bytes,
+            host_programs=host_programs,
         )
         self._boot = boot
         self._python_inside = python
@@ -635,6 +638,7 @@ class _Boot:
         self._fds: list[int] = []
         self.image: ImagePlan | None = None
         self.runtime: HostRuntime | None = None
+        self.host_programs: dict[str, tuple[str, ...]] = {}
         self._images = images
         self._image_lease: ImageLease | None = None
 
@@ -691,6 +695,7 @@ class _Boot:
             python=self._script_python(),
             max_output_bytes=self.spec.limits.max_output_bytes,
             workspace=layout.workspace,
+            host_programs=self.host_programs,
             **self._repositories(commit),
         )
         try:
@@ -734,6 +739,7 @@ class _Boot:
             wants_image_workspace=isinstance(workspace, ImageWorkspace),
             default_workspace=PurePosixPath(SANDBOX_WORKSPACE),
             scratch=SCRATCH_MOUNTS[:-1],
+            bind_targets=[bind.sandbox_path for bind in self.spec.read_only_binds],
         )
         self.runtime = await asyncio.to_thread(self.prepared.runtime)
         if isinstance(image, RootfsImage) and image.path not in self.prepared.checked_roots:
@@ -770,6 +776,12 @@ class _Boot:
         if self.runtime is None:
             return self.prepared.script_python
         return self._init_python(), {"PATH": DEFAULT_PATH, "LC_ALL": "C.UTF-8"}
+
+    def _plan_host_programs(self) -> None:
+        """How each host program of the spec starts; on an image, the runtime then carries
+        their libraries too (_runtime.py; blocking)."""
+        programs = self.spec.host_programs()
+        self.runtime, self.host_programs = program_commands(programs, self.runtime)
 
     def _runtime_sources(self) -> list[tuple[Path, PurePosixPath]]:
         if self.runtime is None:
@@ -858,6 +870,7 @@ class _Boot:
         commit: str | None,
     ) -> _Booted:
         prepared = self.prepared
+        await asyncio.to_thread(self._plan_host_programs)
         control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
@@ -1248,6 +1261,11 @@ def _materialize_on_host(spec: SandboxSpec, workspace: Path, home: Path) -> None
         checkout_repo(source.repo, source.commit, workspace)
     elif not isinstance(source, EmptyWorkspace):
         raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
+
+
+def _native_programs(spec: SandboxSpec) -> dict[str, tuple[str, ...]]:
+    """Without bubblewrap the host's root is the sandbox's: every host program runs natively."""
+    return program_commands(spec.host_programs(), None)[1]
 
 
 def _seed_of(image: ImagePlan | None) -> Path | None:

@@ -1,8 +1,9 @@
 """The contract every backend implements: an async, E2B-shaped sandbox.
 
 Commands run with `bash -lc` semantics (a login shell, like E2B's envd), so a caller writes
-shell, not argv. Output of detached processes goes to host files so a long agent run never
-sits in memory and survives a crash of the caller's bookkeeping.
+shell, not argv; `start_argv` alone runs a program with no shell in between, for an image that
+has none (an agent CLI must still start there). Output of detached processes goes to host files
+so a long agent run never sits in memory and survives a crash of the caller's bookkeeping.
 """
 
 from __future__ import annotations
@@ -91,6 +92,28 @@ class Sandbox(Protocol):
         env: Mapping[str, str] | None = None,
     ) -> Process:
         """Start `cmd` with `bash -lc` detached; output is captured to host files."""
+        ...
+
+    async def start_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        unset_env: Sequence[str] = (),
+    ) -> Process:
+        """Start `argv` detached with no shell in between (E2B: quoted into envd's shell), in
+        the sandbox's environment without `unset_env`, `env` over it; as `start` otherwise."""
+        ...
+
+    def host_program_argv(self, path: str) -> tuple[str, ...]:
+        """The argv that starts the host program at `path` (inside; one of the spec's
+        `ReadOnlyBind.host_programs`), its arguments to follow: `(path,)` where it runs as it
+        is (the host's own root, a static program), `(loader, "--library-path", directory,
+        path)` on an image, where it runs on the host's loader and libraries, mounted at
+        create time. No variable is set for it (no `LD_LIBRARY_PATH`), so the programs it
+        starts run on the image's own. Raises ValueError for a path the spec did not name.
+        E2B mounts no host path: there `path` is the template's own program, run as it is."""
         ...
 
     async def kill_all(self) -> None:

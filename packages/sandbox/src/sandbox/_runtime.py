@@ -10,19 +10,27 @@ leaks to the commands it starts, which run on the image's own loader and librari
 
 The libraries are the closure the loader itself reports (``ld.so --list``) for the interpreter
 and every extension module of its standard library, found once per backend.
+
+Other host programs a spec names (`ReadOnlyBind.host_programs`: an agent CLI built for the
+host's glibc) are started the same way on an image, their closures added to the same
+directory: :func:`program_commands`. A statically linked one, or one that is no ELF program
+(a script, whose interpreter is then the sandbox's), runs as it is.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import stat
 import struct
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-from sandbox._errors import SandboxUnavailableError
+from sandbox._errors import SandboxUnavailableError, UnsupportedSpecError
 
 #: Where the host's loader and libraries appear inside.
 RUNTIME_MOUNT = PurePosixPath("/run/sandbox/runtime")
@@ -53,16 +61,43 @@ class HostRuntime:
     def python_inside(self, python: Path, python_mount: PurePosixPath) -> PurePosixPath:
         return python_mount / "bin" / python.name
 
+    def prefix(self) -> tuple[str, ...]:
+        """What starts a host program inside through the host's loader, the program's path and
+        arguments following: the loader, told where the libraries are."""
+        return (str(RUNTIME_MOUNT / self.loader.name), "--library-path", str(RUNTIME_MOUNT))
+
     def argv(self, python: Path, python_mount: PurePosixPath) -> tuple[str, ...]:
         """The command prefix that runs the interpreter inside, through the host's loader."""
-        loader = str(RUNTIME_MOUNT / self.loader.name)
-        inside = str(self.python_inside(python, python_mount))
-        return (loader, "--library-path", str(RUNTIME_MOUNT), inside)
+        return (*self.prefix(), str(self.python_inside(python, python_mount)))
+
+    def including(self, programs: Sequence[Path]) -> HostRuntime:
+        """This runtime with the libraries of `programs` (dynamically linked host executables)
+        too. One directory serves every program, so a name must mean one file for all of them;
+        and they must need the host's loader, the only one mounted."""
+        libraries = dict(self.libraries)
+        for program in programs:
+            loader = elf_interpreter(program)
+            if loader is None or Path(os.path.realpath(loader)) != self.loader:
+                raise UnsupportedSpecError(
+                    f"host program {program} needs the loader {loader}, not the host's "
+                    f"{self.loader}"
+                )
+            for name, path in _closure(self.loader, program, _stamp(program)):
+                known = libraries.setdefault(name, path)
+                if known != path:
+                    raise UnsupportedSpecError(
+                        f"host program {program} needs {name} from {path}, but {known} is the "
+                        "one the sandbox's other host programs load under that name"
+                    )
+        libraries.pop(self.loader.name, None)
+        return replace(self, libraries=tuple(sorted(libraries.items())))
 
     @classmethod
     def discover(cls, python: Path, prefix: Path) -> HostRuntime:
         """The runtime of `python` (installed under `prefix`), as its loader resolves it."""
-        loader = _interpreter_of(python)
+        loader = elf_interpreter(python)
+        if loader is None:
+            raise SandboxUnavailableError(f"{python} names no loader: it is statically linked")
         stdlib = prefix / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
         if not (stdlib / "os.py").is_file():
             raise SandboxUnavailableError(f"no standard library at {stdlib}")
@@ -75,12 +110,39 @@ class HostRuntime:
         return cls(Path(os.path.realpath(loader)), tuple(sorted(libraries.items())), stdlib)
 
 
-def _interpreter_of(binary: Path) -> Path:
-    """The dynamic loader an ELF executable names (its PT_INTERP)."""
+def program_commands(
+    programs: Sequence[tuple[Path, PurePosixPath]], runtime: HostRuntime | None
+) -> tuple[HostRuntime | None, dict[str, tuple[str, ...]]]:
+    """How each host program (its host file, its path inside) is started, and the runtime
+    that carries their libraries: on the host's own root (`runtime` None) every program runs
+    natively; on an image a dynamically linked one runs through the host's loader, anything
+    else as it is. Blocking: lists each new program's closure once (``ld.so --list``)."""
+    commands: dict[str, tuple[str, ...]] = {}
+    dynamic: list[Path] = []
+    for host, inside in programs:
+        try:
+            info = os.stat(host)
+        except OSError as error:
+            raise UnsupportedSpecError(f"host program {host}: {error.strerror}") from error
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
+            raise UnsupportedSpecError(f"host program {host} is not an executable file")
+        if runtime is not None and elf_interpreter(host) is not None:
+            dynamic.append(host)
+            commands[str(inside)] = (*runtime.prefix(), str(inside))
+        else:
+            commands[str(inside)] = (str(inside),)
+    if dynamic and runtime is not None:
+        runtime = runtime.including(dynamic)
+    return runtime, commands
+
+
+def elf_interpreter(binary: Path) -> Path | None:
+    """The dynamic loader a 64-bit ELF executable names (its PT_INTERP); None for a static
+    one or a file that is no such program."""
     with open(binary, "rb") as file:
         header = file.read(64)
-        if header[:4] != b"\x7fELF" or header[4] != 2:
-            raise SandboxUnavailableError(f"{binary} is not a 64-bit ELF executable")
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
+            return None
         order = "<" if header[5] == 1 else ">"
         (phoff,) = struct.unpack_from(order + "Q", header, 32)
         phentsize, phnum = struct.unpack_from(order + "HH", header, 54)
@@ -90,7 +152,26 @@ def _interpreter_of(binary: Path) -> Path:
             if kind == _PT_INTERP:
                 file.seek(offset)
                 return Path(file.read(size).rstrip(b"\0").decode())
-    raise SandboxUnavailableError(f"{binary} is statically linked: it names no loader")
+    return None
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    info = os.stat(path)
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=32)
+def _closure(
+    loader: Path, program: Path, stamp: tuple[int, int, int]
+) -> tuple[tuple[str, Path], ...]:
+    """`program`'s libraries (name, host file), listed once per version of the file (`stamp`):
+    a sandbox of the same CLI pays nothing for it again."""
+    del stamp  # part of the cache key only
+    return tuple(
+        (name, Path(os.path.realpath(found)))
+        for name, found in _listed(loader, program)
+        if "/" not in name  # the loader itself, listed by the path the program names
+    )
 
 
 def _listed(loader: Path, path: Path) -> list[tuple[str, str]]:

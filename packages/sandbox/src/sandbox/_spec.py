@@ -126,14 +126,31 @@ class ForwardedEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class ReadOnlyBind:
-    """A host path mounted read-only inside the sandbox (an npm install, a package cache)."""
+    """A host path mounted read-only inside the sandbox (an npm install, a package cache).
+
+    `host_programs`: executables in it (paths relative to it) built for the host, which must
+    run whatever the sandbox's root: `Sandbox.host_program_argv` says how to start each. On an
+    image, a dynamically linked one cannot use the image's loader and libraries (another
+    libc, or none), so its library closure is found on the host when the sandbox is created
+    and mounted beside the host's loader. Name only what must run there (an agent CLI): every
+    one adds its libraries to each sandbox of the spec.
+    """
 
     host_path: Path
     sandbox_path: PurePosixPath
+    host_programs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sandbox_path.is_absolute():
             raise ValueError(f"sandbox_path must be absolute: {self.sandbox_path}")
+        for program in self.host_programs:
+            parts = PurePosixPath(program).parts
+            if not parts or parts[0] == "/" or ".." in parts or program != "/".join(parts):
+                raise ValueError(f"a host program must be a plain relative path: {program!r}")
+
+    def host_program_paths(self) -> list[tuple[Path, PurePosixPath]]:
+        """Each host program's file on the host and its path inside."""
+        return [(self.host_path / p, self.sandbox_path / p) for p in self.host_programs]
 
 
 GiB = 1 << 30
@@ -208,6 +225,10 @@ class SandboxSpec:
         validate_env(self.env)
         # A private read-only copy: a caller mutating its dict later cannot change the spec.
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    def host_programs(self) -> list[tuple[Path, PurePosixPath]]:
+        """Every bind's host programs: (file on the host, path inside)."""
+        return [path for bind in self.read_only_binds for path in bind.host_program_paths()]
 
 
 def validate_env(env: Mapping[str, str]) -> None:
