@@ -23,6 +23,7 @@ from sandbox import (
     UnsupportedSpecError,
 )
 
+from .conftest import local_config
 from .image_roots import debian_root, static_root
 
 TOOLS = PurePosixPath("/run/tools")
@@ -106,6 +107,16 @@ async def test_on_the_hosts_root_and_for_a_static_program_nothing_comes_between(
     async with await backend.create(image) as box:
         assert box.host_program_argv(str(TOOLS / "hello")) == (str(TOOLS / "hello"),)
         assert await run(box, "hello") == "static hello\n"
+
+
+async def test_without_isolation_every_program_is_the_hosts_own(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    backend = LocalBackend(local_config(tmp_path / "state", isolation="none"))
+    env = os.path.realpath(str(shutil.which("env")))
+    async with await backend.create(SandboxSpec(env={"MARK": "spec"})) as box:
+        assert box.host_program_argv(env) == (env,)
+        listed = await output(await box.start_argv([env], unset_env=("MARK",)))
+        assert "MARK=" not in listed
 
 
 async def test_a_program_the_spec_did_not_name_is_refused(

@@ -62,7 +62,6 @@ class HostSandbox(CommandSandbox):
         endpoint_url: str | None,
         base_repository: str | None = None,
         source_repository: Path | None = None,
-        host_programs: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__(
             state_dir=state_dir,
@@ -70,7 +69,6 @@ class HostSandbox(CommandSandbox):
             env=env,
             keep_state=keep_state,
             max_output_bytes=limits.max_output_bytes,
-            host_programs=host_programs,
         )
         self._prefix = prlimit_prefix(prlimit, limits)
         self._endpoint_url = endpoint_url
@@ -113,6 +111,11 @@ class HostSandbox(CommandSandbox):
             start_new_session=True,
         )
         return _HostProcess(proc)
+
+    def host_program_argv(self, path: str) -> tuple[str, ...]:
+        """The host's root is the sandbox's: every program runs as it is (no bind names it
+        here, the host's paths being the sandbox's)."""
+        return (path,)
 
     def _python(self) -> tuple[Sequence[str], Mapping[str, str]]:
         return (sys.executable,), {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C.UTF-8"}

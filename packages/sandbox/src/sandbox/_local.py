@@ -269,7 +269,6 @@ class LocalBackend:
                 source_repository=(
                     spec.workspace.repo if isinstance(spec.workspace, GitWorkspace) else None
                 ),
-                host_programs=_native_programs(spec),
             )
         except BaseException:
             await asyncio.to_thread(remove_tree, state)
@@ -1261,11 +1260,6 @@ def _materialize_on_host(spec: SandboxSpec, workspace: Path, home: Path) -> None
         checkout_repo(source.repo, source.commit, workspace)
     elif not isinstance(source, EmptyWorkspace):
         raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
-
-
-def _native_programs(spec: SandboxSpec) -> dict[str, tuple[str, ...]]:
-    """Without bubblewrap the host's root is the sandbox's: every host program runs natively."""
-    return program_commands(spec.host_programs(), None)[1]
 
 
 def _seed_of(image: ImagePlan | None) -> Path | None:

@@ -113,7 +113,8 @@ class Sandbox(Protocol):
         path)` on an image, where it runs on the host's loader and libraries, mounted at
         create time. No variable is set for it (no `LD_LIBRARY_PATH`), so the programs it
         starts run on the image's own. Raises ValueError for a path the spec did not name.
-        E2B mounts no host path: there `path` is the template's own program, run as it is."""
+        E2B mounts no host path, nor does `isolation="none"`: there `path` is the template's,
+        or the host's, own program, run as it is."""
         ...
 
     async def kill_all(self) -> None:
