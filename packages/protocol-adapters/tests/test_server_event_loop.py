@@ -12,9 +12,10 @@ Debug mode times a callback by the wall clock, which also counts the loop thread
 CPU on a busy machine: that is the scheduler's doing, not ours. So each callback's own CPU time
 (the loop thread's) is measured too, and its wait for a CPU (the kernel's run delay): a callback
 is ours to fix when it *used* 50 ms, or when it was blocked for a second otherwise (a worker
-thread holding the GIL that long). Blocks of a few hundred ms do happen on a loaded 2-core VM
-without any of that (GIL handoffs to a thread that must first get a CPU, the hypervisor's
-steal time). Garbage collections are timed apart and left out of all of it (see
+thread holding the GIL that long), less the time the process's other threads themselves waited
+for a CPU meanwhile (a thread holding the GIL hands it back only once it runs again). Blocks
+of a few hundred ms still happen on a loaded 2-core VM (the hypervisor's steal time, samples
+5 ms apart). Garbage collections are timed apart and left out of all of it (see
 :func:`collections_timed`).
 """
 
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,16 +106,63 @@ def collections_timed() -> Iterator[Collections]:
 class Slow:
     """A callback that held the loop longer than SLOW_CALLBACK, garbage collections left out:
     ``used`` of the loop thread's CPU, ``queued`` waiting for a CPU (the machine's load), and
-    the rest ``blocked`` (waiting for the GIL another thread held, or on a syscall)."""
+    the rest ``blocked`` (waiting for the GIL another thread held, or on a syscall), less
+    ``others_queued``: how long the process's other threads waited for a CPU meanwhile (the
+    one holding the GIL cannot hand it back while the machine gives it no CPU)."""
 
+    start: float
     wall: float
     used: float
     queued: float
     callback: str
+    others_queued: float = 0.0
 
     @property
     def blocked(self) -> float:
-        return self.wall - self.used - self.queued
+        return max(0.0, self.wall - self.used - self.queued - self.others_queued)
+
+
+class OtherThreadsWait:
+    """Samples every other thread's run delay (``schedstat``) every few ms, so that a slow
+    callback's window can be charged the longest CPU wait of any thread in it."""
+
+    def __init__(self, period: float = 0.005) -> None:
+        self._loop_thread = threading.get_native_id()
+        self._period = period
+        self._samples: list[tuple[float, dict[int, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> OtherThreadsWait:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        own = threading.get_native_id()
+        while not self._stop.wait(self._period):
+            delays: dict[int, float] = {}
+            for name in os.listdir("/proc/self/task"):
+                tid = int(name)
+                if tid in (own, self._loop_thread):
+                    continue
+                path = f"/proc/self/task/{name}/schedstat"
+                with contextlib.suppress(OSError, ValueError, IndexError), open(path, "rb") as stat:
+                    delays[tid] = int(stat.read().split()[1]) / 1e9
+            self._samples.append((time.perf_counter(), delays))
+
+    def during(self, start: float, end: float) -> float:
+        """The longest CPU wait of any other thread from the last sample before `start` to
+        the first after `end` (0 without samples around the window)."""
+        before = [sample for sample in self._samples if sample[0] <= start]
+        after = [sample for sample in self._samples if sample[0] >= end]
+        if not before or not after:
+            return 0.0
+        first, last = before[-1][1], after[0][1]
+        return max((last[tid] - first[tid] for tid in last if tid in first), default=0.0)
 
 
 class RunQueueWait:
@@ -173,7 +221,8 @@ def timed_callbacks() -> Iterator[list[Slow]]:
                 elapsed = time.perf_counter() - wall - (collected.wall - gc_wall)
                 if elapsed > SLOW_CALLBACK:
                     used = time.thread_time() - cpu - (collected.loop_cpu - gc_cpu)
-                    slow.append(Slow(elapsed, used, queued() - waited, described(handle)))
+                    waited = queued() - waited
+                    slow.append(Slow(wall, elapsed, used, waited, described(handle)))
 
         asyncio.events.Handle._run = run  # type: ignore[method-assign,assignment]
         try:
@@ -206,7 +255,7 @@ async def test_many_sessions_never_stall_the_loop(
         loop.set_debug(True)
         loop.slow_callback_duration = SLOW_CALLBACK
         try:
-            with timed_callbacks() as slow:
+            with OtherThreadsWait() as others, timed_callbacks() as timed:
                 clients = await asyncio.create_subprocess_exec(
                     sys.executable,
                     str(AGENTS),
@@ -219,12 +268,17 @@ async def test_many_sessions_never_stall_the_loop(
         finally:
             loop.set_debug(False)
     assert clients.returncode == 0, "a client failed (its traceback is above)"
+    slow = [
+        replace(entry, others_queued=others.during(entry.start, entry.start + entry.wall))
+        for entry in timed
+    ]
     by_wall = sorted(slow, key=lambda entry: -entry.wall)[:15]
     by_cpu = sorted(slow, key=lambda entry: -entry.used)[:5]
     for entry in by_wall + [entry for entry in by_cpu if entry not in by_wall]:
         print(
             f"{entry.wall * 1000:7.1f} ms: used {entry.used * 1000:5.1f}, queued "
-            f"{entry.queued * 1000:5.1f}, blocked {entry.blocked * 1000:5.1f}  {entry.callback}"
+            f"{entry.queued * 1000:5.1f}, others queued {entry.others_queued * 1000:5.1f}, "
+            f"blocked {entry.blocked * 1000:5.1f}  {entry.callback}"
         )
     ours = [entry for entry in slow if entry.used > SLOW_CALLBACK or entry.blocked > GROSS_STALL]
     assert ours == []
