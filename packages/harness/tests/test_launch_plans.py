@@ -22,6 +22,7 @@ from harness import (
     InstalledCli,
     Launch,
     LaunchError,
+    NpmCli,
 )
 from harness._claude_code import CLAUDE_CODE_CLI, MIN_AUTO_COMPACT_WINDOW
 from harness._launch import MAX_ARGUMENT_BYTES
@@ -243,3 +244,56 @@ def test_mount_paths() -> None:
     with pytest.raises(ValueError, match="absolute"):
         CliMount(installed, PurePosixPath("relative"))
     assert CLAUDE_CODE_CLI != CODEX_CLI
+
+
+def test_a_mount_names_what_runs_as_its_host_program() -> None:
+    """Codex's command is a node launcher: what runs (and is named for the sandbox to start on
+    any image) is the static binary of the host's platform package it would start."""
+    assert CODEX_CLI.program is not None
+    assert CODEX_CLI.program.endswith("/bin/codex")
+    assert CODEX_CLI.program.startswith("node_modules/@openai/codex-linux-")
+    codex = InstalledCli(
+        CODEX_CLI.spec, Path("/cache/codex"), "node_modules/.bin/codex", "codex", CODEX_CLI.program
+    )
+    mount = CliMount.under(codex)
+    assert mount.program_path == mount.sandbox_prefix / CODEX_CLI.program
+    assert mount.bind.host_programs == (CODEX_CLI.program,)
+    claude = InstalledCli(CLAUDE_CODE_CLI.spec, Path("/cache/cc"), "node_modules/.bin/claude", "")
+    assert CliMount.under(claude).program_path == CliMount.under(claude).bin_path
+    assert CliMount.under(claude).bind.host_programs == ("node_modules/.bin/claude",)
+
+
+@pytest.mark.parametrize("program", ["", "/abs/codex", "../codex", "a/../codex", "a//codex"])
+def test_an_npm_program_is_a_path_inside_the_install(program: str) -> None:
+    with pytest.raises(ValueError, match="inside the install"):
+        NpmCli("@openai/codex", "0.169.0", bin="codex", program=program)
+
+
+LOADER = ("/run/sandbox/runtime/ld-linux-x86-64.so.2", "--library-path", "/run/sandbox/runtime")
+
+
+def test_started_through_the_loader_claude_code_leaves_grep_and_find_to_the_image() -> None:
+    """Its own grep and find re-execute its binary, which through the loader is the loader;
+    the flags go before the `--` that ends its options."""
+    harness = ClaudeCode(max_turns=3)
+    plan = harness.launch(bin_path=BIN, endpoint=ENDPOINT, task="-x fix it", state_dir=STATE)
+    native = harness.started_by(plan, (str(BIN),))
+    assert native == plan
+    loaded = harness.started_by(plan, (*LOADER, str(BIN)))
+    assert loaded.argv == (
+        *LOADER,
+        *plan.argv[:-2],
+        "--allowedTools",
+        "Grep,Glob",
+        "--disallowedTools",
+        "Grep,Glob",
+        "--",
+        "-x fix it",
+    )
+    assert (loaded.env, loaded.unset_env, loaded.dirs) == (plan.env, plan.unset_env, plan.dirs)
+
+
+def test_a_static_codex_is_started_as_it_is() -> None:
+    plan = Codex().launch(bin_path=BIN, endpoint=ENDPOINT, task="fix it", state_dir=STATE)
+    assert Codex().started_by(plan, (str(BIN),)) == plan
+    assert Codex().started_by(plan, ("/loader", str(BIN))).argv == ("/loader", *plan.argv)

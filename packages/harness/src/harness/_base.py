@@ -9,9 +9,10 @@ harness is one subclass implementing `launch` and `new_tally` (see the README).
 from __future__ import annotations
 
 import contextlib
-import shlex
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
@@ -27,6 +28,10 @@ from sandbox import Sandbox, SandboxError
 #: Where per-run state (a fresh HOME, config files) is created inside the sandbox. Not under
 #: /tmp: Codex refuses to set up its helper binaries under the temporary directory.
 DEFAULT_STATE_ROOT = PurePosixPath("/var/tmp/agent-rl")
+
+#: Removes a run's state directory with the sandbox's own interpreter (an image may have no
+#: shell or `rm`).
+_REMOVE_TREE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)"
 
 
 class Harness(ABC):
@@ -59,6 +64,12 @@ class Harness(ABC):
     def new_tally(self) -> EventTally:
         """A fresh accumulator for this CLI's event stream."""
 
+    def started_by(self, plan: Launch, command: Sequence[str]) -> Launch:
+        """`plan` with its program started by `command`, what `Sandbox.host_program_argv`
+        says starts it there: the program's path, or the host's loader before it on an
+        image (a harness whose CLI behaves differently that way adapts the plan here)."""
+        return replace(plan, argv=(*command, *plan.argv[1:]))
+
     def summarize(self, events_path: Path) -> EventStats:
         """Summarize an event stream file this CLI wrote."""
         return summarize_file(events_path, self.new_tally())
@@ -77,13 +88,21 @@ class Harness(ABC):
     ) -> AgentRun:
         """Run the agent on `task` in `cwd` (default: the sandbox workspace) for at most
         `budget` seconds. Never raises for what the agent did; only for bad input or a
-        sandbox failure."""
+        sandbox failure.
+
+        The plan is for the CLI's program (`CliMount.program_path`); a plan that starts it
+        (its argv[0]) starts it as the sandbox says it must (`started_by`), with no shell in
+        between, so an image needs neither a shell nor the CLI's runtime (see the README)."""
         if cli.installed.spec != self.spec:
             raise LaunchError(f"{self.name} pins {self.spec}, got {cli.installed.spec}")
         if not task.strip():
             raise LaunchError("empty task")
+        program = cli.program_path
+        command = sandbox.host_program_argv(str(program))
         state_dir = state_root / f"{self.name}-{uuid.uuid4().hex}"
-        plan = self.launch(bin_path=cli.bin_path, endpoint=endpoint, task=task, state_dir=state_dir)
+        plan = self.launch(bin_path=program, endpoint=endpoint, task=task, state_dir=state_dir)
+        if plan.argv[0] == str(program):
+            plan = self.started_by(plan, command)
         try:
             return await run_launch(
                 sandbox,
@@ -98,7 +117,7 @@ class Harness(ABC):
             # Inside an isolated sandbox this is tmpfs that dies with it, but a non-isolated
             # one runs on the host: never leave per-run homes behind there.
             with contextlib.suppress(SandboxError):
-                await sandbox.exec(f"rm -rf -- {shlex.quote(str(state_dir))}", timeout=60)
+                await sandbox.run_python(_REMOVE_TREE, [str(state_dir)], timeout=60)
 
 
 class NpmHarness(Harness):

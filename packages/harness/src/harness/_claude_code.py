@@ -17,13 +17,14 @@ verbatim; a summarization request that is itself too long is retried shorter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from harness._base import NpmHarness
 from harness._config import AgentEndpoint, NpmCli
+from harness._errors import LaunchError
 from harness._events import EventTally, as_dict, as_list, as_str
 from harness._launch import Launch
 
@@ -47,6 +48,16 @@ _MODEL_VARIABLES = (
     "ANTHROPIC_SMALL_FAST_MODEL",
     "CLAUDE_CODE_SUBAGENT_MODEL",
 )
+
+#: Claude Code's native build defines `grep` and `find` in its Bash tool's shell as its own
+#: binary re-executed as ugrep and bfs (through `process.execPath`), and would run ripgrep the
+#: same way for its Grep and Glob tools. Started through the host's loader on an image, its
+#: `process.execPath` is that loader, which takes ugrep's arguments for its own: `grep` fails
+#: (exit 127, measured). Naming Grep and Glob as allowed tools makes it leave `grep` and `find`
+#: to the image's own; disallowing them keeps its tools what they are by default (no Grep and
+#: Glob). The one difference the model sees: the Bash tool's description adds `find` and
+#: `grep` to the commands it should avoid.
+LOADER_SEARCH_FLAGS = ("--allowedTools", "Grep,Glob", "--disallowedTools", "Grep,Glob")
 
 #: The smallest auto-compact window Claude Code honours; smaller values are raised to it.
 MIN_AUTO_COMPACT_WINDOW = 100_000
@@ -124,6 +135,17 @@ class ClaudeCode(NpmHarness):
             unset_env=_UNSET,
             dirs=(str(home),),
         )
+
+    def started_by(self, plan: Launch, command: Sequence[str]) -> Launch:
+        """Through the host's loader, Claude Code leaves `grep` and `find` to the image's own
+        (LOADER_SEARCH_FLAGS), before the `--` that ends its options."""
+        started = NpmHarness.started_by(self, plan, command)
+        if len(command) == 1:
+            return started
+        head, task = started.argv[:-2], started.argv[-2:]
+        if task[0] != "--":
+            raise LaunchError("a Claude Code plan ends with -- and the task")
+        return replace(started, argv=(*head, *LOADER_SEARCH_FLAGS, *task))
 
     def new_tally(self) -> EventTally:
         return ClaudeCodeTally()

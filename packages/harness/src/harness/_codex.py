@@ -19,6 +19,7 @@ most 1/8 of the window and compact at 5/8 of it. Measured facts: docs/clients.md
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -29,7 +30,19 @@ from harness._config import AgentEndpoint, NpmCli
 from harness._events import EventTally, as_dict, as_str
 from harness._launch import Launch
 
-CODEX_CLI = NpmCli("@openai/codex", "0.169.0", bin="codex")
+#: Codex's command (bin/codex.js) is a node launcher that executes the static (musl,
+#: static-pie) binary of the host's platform package; starting that binary directly needs no
+#: node, libc or loader wherever it runs (measured: the same requests as through the launcher).
+_PLATFORM_BINARIES = {
+    "x86_64": "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
+    "aarch64": (
+        "node_modules/@openai/codex-linux-arm64/vendor/aarch64-unknown-linux-musl/bin/codex"
+    ),
+}
+
+CODEX_CLI = NpmCli(
+    "@openai/codex", "0.169.0", bin="codex", program=_PLATFORM_BINARIES.get(platform.machine())
+)
 
 #: Host variables that would authenticate or route Codex elsewhere.
 _UNSET = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 _PACKAGE_NAME = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*$")
@@ -22,11 +22,15 @@ class NpmCli:
 
     `bin` is the command the package installs into `node_modules/.bin`. Only exact versions
     are accepted: a range would let two hosts of one training run install different CLIs.
+    `program`: the native executable `bin` launches, relative to the install's prefix, when
+    `bin` is a node launcher: started directly, the CLI needs no node where it runs (None:
+    `bin` is the program itself).
     """
 
     package: str
     version: str
     bin: str
+    program: str | None = None
 
     def __post_init__(self) -> None:
         if not _PACKAGE_NAME.match(self.package):
@@ -35,11 +39,20 @@ class NpmCli:
             raise ValueError(f"pin an exact version, not {self.version!r}")
         if not _BIN_NAME.match(self.bin):
             raise ValueError(f"not a command name: {self.bin!r}")
+        if self.program is not None:
+            parts = PurePosixPath(self.program).parts
+            if not parts or parts[0] == "/" or ".." in parts or "/".join(parts) != self.program:
+                raise ValueError(f"not a path inside the install: {self.program!r}")
 
     @property
     def spec(self) -> str:
         """The `npm install` argument, e.g. `@openai/codex@0.169.0`."""
         return f"{self.package}@{self.version}"
+
+    @property
+    def program_relative(self) -> str:
+        """What runs, relative to the install's prefix."""
+        return self.program or f"node_modules/.bin/{self.bin}"
 
     @property
     def install_dir_name(self) -> str:

@@ -45,16 +45,28 @@ class InstalledCli:
     prefix: the install directory (read-only from here on; share it, never modify it).
     bin_relative: the command's path relative to `prefix`, the same inside any mount of it.
     version_output: what the CLI printed when the install was verified.
+    program_relative: what runs, relative to `prefix`: the native executable the command
+    launches (`NpmCli.program`), or None when the command is the program itself.
     """
 
     spec: str
     prefix: Path
     bin_relative: str
     version_output: str
+    program_relative: str | None = None
 
     @property
     def bin_path(self) -> Path:
         return self.prefix / self.bin_relative
+
+    @property
+    def program(self) -> str:
+        """What runs, relative to `prefix` (the command itself unless a program is named)."""
+        return self.program_relative or self.bin_relative
+
+    @property
+    def program_path(self) -> Path:
+        return self.prefix / self.program
 
 
 async def install_cli(cli: NpmCli, config: InstallConfig) -> InstalledCli:
@@ -74,6 +86,7 @@ async def install_cli(cli: NpmCli, config: InstallConfig) -> InstalledCli:
         bin_relative=f"node_modules/.bin/{cli.bin}",
         expected_version=cli.version,
         populate=populate,
+        program_relative=cli.program,
     )
 
 
@@ -86,21 +99,23 @@ async def install_once(
     expected_version: str,
     populate: Populate,
     verify_args: Sequence[str] = ("--version",),
+    program_relative: str | None = None,
 ) -> InstalledCli:
     """Install into `<cache>/<dir_name>` at most once per host, verified and atomically.
 
-    Verification runs `<bin> <verify_args>` and requires `expected_version` in its stdout.
+    Verification runs what will run (`program_relative`, else the command) with `verify_args`
+    and requires `expected_version` in its stdout.
     """
     if "/" in dir_name or dir_name.startswith("."):
         raise ValueError(f"not a cache directory name: {dir_name!r}")
     cache = config.cache_dir
     cache.mkdir(parents=True, exist_ok=True)
     prefix = cache / dir_name
-    found = read_install(spec, prefix, bin_relative)
+    found = read_install(spec, prefix, bin_relative, program_relative)
     if found is not None:
         return found
     async with file_lock(cache / f".{dir_name}.lock", config.lock_timeout):
-        found = read_install(spec, prefix, bin_relative)
+        found = read_install(spec, prefix, bin_relative, program_relative)
         if found is not None:
             return found
         await asyncio.to_thread(_remove_leftovers, cache, dir_name)
@@ -108,17 +123,21 @@ async def install_once(
         staging.mkdir()
         try:
             await populate(staging)
-            binary = staging / bin_relative
+            if not os.access(staging / bin_relative, os.X_OK):
+                raise InstallError(f"the installer left no executable at {bin_relative}")
+            binary = staging / (program_relative or bin_relative)
             version_output = await _verify(binary, verify_args, expected_version, config)
             _write_marker(staging, spec, bin_relative, version_output)
             staging.rename(prefix)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, staging, True)
             raise
-    return InstalledCli(spec, prefix, bin_relative, version_output)
+    return InstalledCli(spec, prefix, bin_relative, version_output, program_relative)
 
 
-def read_install(spec: str, prefix: Path, bin_relative: str) -> InstalledCli | None:
+def read_install(
+    spec: str, prefix: Path, bin_relative: str, program_relative: str | None = None
+) -> InstalledCli | None:
     """The install at `prefix` if its marker proves a verified install of exactly `spec`."""
     try:
         marker = json.loads((prefix / MARKER_NAME).read_text())
@@ -128,8 +147,9 @@ def read_install(spec: str, prefix: Path, bin_relative: str) -> InstalledCli | N
         return None
     if marker.get("spec") != spec or marker.get("bin") != bin_relative:
         return None
-    installed = InstalledCli(spec, prefix, bin_relative, str(marker.get("version_output")))
-    if not os.access(installed.bin_path, os.X_OK):
+    version_output = str(marker.get("version_output"))
+    installed = InstalledCli(spec, prefix, bin_relative, version_output, program_relative)
+    if not os.access(installed.bin_path, os.X_OK) or not os.access(installed.program_path, os.X_OK):
         return None
     return installed
 

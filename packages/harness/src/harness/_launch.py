@@ -57,7 +57,9 @@ class Launch:
 
     @property
     def shell_command(self) -> str:
-        """The `bash -lc` line: make the dirs, drop unset_env, exec the CLI with no stdin.
+        """The plan as one shell line: make the dirs, drop unset_env, exec the CLI with no
+        stdin; for starting it where only a shell can (`Harness.run` starts the argv itself,
+        with no shell, so that an image without one runs the CLI too).
 
         `exec` makes the CLI the process the sandbox tracks, so a kill at the budget hits it
         directly; stdin is /dev/null because both CLIs otherwise wait to read it.

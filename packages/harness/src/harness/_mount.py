@@ -2,10 +2,12 @@
 
 The install directory is shared read-only: a local sandbox bind-mounts it (SandboxSpec's
 read_only_binds), so the agent can run the CLI but never modify the copy every other
-sandbox on the host uses. On E2B there is no host to mount from; there the directory is
-either baked into the template or uploaded at create time, at the path given here (see the
-README). Everything in an npm prefix is relative (bin symlinks, the platform binary next to
-the launcher), so any mount point works.
+sandbox on the host uses. The bind names the CLI's program as a host program, so that on a
+task's image, whose libc is not the host's (or which has none), the sandbox can start it on
+the host's loader and libraries (`Sandbox.host_program_argv`). On E2B there is no host to
+mount from; there the directory is either baked into the template or uploaded at create time,
+at the path given here (see the README). Everything in an npm prefix is relative (bin symlinks,
+the platform binary next to the launcher), so any mount point works.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from pathlib import PurePosixPath
 from harness._install import InstalledCli
 from sandbox import ReadOnlyBind
 
-#: Default parent directory of CLI mounts inside a sandbox.
-DEFAULT_MOUNT_ROOT = PurePosixPath("/opt/agent-rl/cli")
+#: Default parent directory of CLI mounts inside a sandbox: under /run, the sandbox's own on
+#: every root, because an image's directories are read-only (an image's /opt has no room for a
+#: mount point).
+DEFAULT_MOUNT_ROOT = PurePosixPath("/run/agent-rl/cli")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +47,19 @@ class CliMount:
 
     @property
     def bind(self) -> ReadOnlyBind:
-        """The SandboxSpec bind that makes the install appear at `sandbox_prefix`."""
-        return ReadOnlyBind(self.installed.prefix, self.sandbox_prefix)
+        """The SandboxSpec bind that makes the install appear at `sandbox_prefix`, its program
+        named as a host program."""
+        return ReadOnlyBind(
+            self.installed.prefix, self.sandbox_prefix, host_programs=(self.installed.program,)
+        )
 
     @property
     def bin_path(self) -> PurePosixPath:
         """The CLI's command as seen inside the sandbox."""
         return self.sandbox_prefix / self.installed.bin_relative
+
+    @property
+    def program_path(self) -> PurePosixPath:
+        """What runs, as seen inside the sandbox: the command, or the native executable its
+        launcher would start (`NpmCli.program`)."""
+        return self.sandbox_prefix / self.installed.program

@@ -1,5 +1,8 @@
 """Running a launch plan in a sandbox under a wall-clock budget, and what the run left.
 
+The plan's directories and files are made by the sandbox's own interpreter and its argv is
+started with no shell in between, so nothing of the image is needed to start a CLI.
+
 The CLI's stdout (its JSON event stream) and stderr are copied out of the sandbox's output
 files into the caller's output directory before anything else, so they survive the
 sandbox's close and are kept even when the run timed out or the summary found nothing.
@@ -16,11 +19,12 @@ from pathlib import Path
 
 from harness._events import EventStats, EventTally, summarize_file
 from harness._launch import Launch
-from sandbox import Sandbox
+from sandbox import Sandbox, SandboxCommandError
 
 EVENTS_FILE = "events.jsonl"
 STDERR_FILE = "stderr.log"
 STDERR_TAIL_CHARS = 4000
+_MAKE_DIRS = "import os, sys\nfor path in sys.argv[1:]:\n    os.makedirs(path, exist_ok=True)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +78,16 @@ async def run_launch(
     for path in (events_path, stderr_path):
         if path.exists():
             raise FileExistsError(f"{path} exists: give every run its own output directory")
+    if launch.dirs:
+        made = await sandbox.run_python(_MAKE_DIRS, launch.dirs, timeout=60)
+        if made.exit_code != 0 or made.timed_out:
+            raise SandboxCommandError(f"making {launch.dirs} failed: {made.stderr[-2000:]}")
     for sandbox_path, text in launch.files.items():
         await sandbox.write_file(sandbox_path, text)
     started = time.monotonic()
-    process = await sandbox.start(launch.shell_command, cwd=cwd, env=launch.env)
+    process = await sandbox.start_argv(
+        launch.argv, cwd=cwd, env=launch.env, unset_env=launch.unset_env
+    )
     try:
         result = await process.wait(timeout=budget)
     except BaseException:
