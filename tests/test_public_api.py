@@ -64,6 +64,7 @@ PINNED = {
             "SetupFailedError", "UidRange", "UnsafePatchError", "UnsupportedSpecError",
             "apply_diff", "capture_diff", "checkout_repo", "run_setup", "validate_env",
         ),
+        ("testing",),
     ),
     "harness": Pinned(
         (

@@ -1,29 +1,22 @@
 """Root file systems for the image tests: a real Debian root built once, and tiny ones built
-per test.
+per test (sandbox.testing builds them; a host that cannot skips, naming why).
 
-The Debian root is what a task's image holds (its own libc, Python and git, and a repository at
-/testbed), built with Debian's `mmdebstrap` from Debian's packages into a cache shared by test
-runs: `SANDBOX_TEST_IMAGE_CACHE`, or `.cache/test-images` at the top of the repository. It is
-built by root only (in a temporary directory, renamed into place under a lock); other users use
-a cache root built, or skip.
+The Debian root's cache is `SANDBOX_TEST_IMAGE_CACHE`, or `.cache/test-images` at the top of
+the repository.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from .conftest import git
+from sandbox import testing
 
-SUITE = "bookworm"
-PACKAGES = ("python3-minimal", "git")
-TESTBED_FILES = {"calc.py": "def add(a, b):\n    return a - b\n", "README": "a task\n"}
+TESTBED_FILES = testing.TESTBED_FILES
 
 
 def image_cache() -> Path:
@@ -34,74 +27,19 @@ def image_cache() -> Path:
 
 
 def debian_root() -> Path:
-    """The Debian root (see the module docstring), built if missing."""
-    cache = image_cache()
-    root = cache / f"debian-{SUITE}-{'-'.join(PACKAGES)}"
-    if (root / "testbed" / ".git").is_dir():
-        return root
-    if os.geteuid() != 0:
-        pytest.skip(f"no Debian test root at {root}: root builds it (SANDBOX_TEST_IMAGE_CACHE)")
-    if shutil.which("mmdebstrap") is None:
-        pytest.skip("mmdebstrap is not installed (apt-get install mmdebstrap)")
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "testbed" / ".git").is_dir():
-            _build(root)
-    return root
-
-
-def _build(root: Path) -> None:
-    building = Path(tempfile.mkdtemp(prefix="building-", dir=root.parent))
+    """The Debian root (sandbox.testing.debian_root), built if missing."""
     try:
-        subprocess.run(
-            [
-                "mmdebstrap",
-                "--quiet",
-                "--variant=essential",
-                f"--include={','.join(PACKAGES)}",
-                SUITE,
-                str(building),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        testbed = building / "testbed"
-        testbed.mkdir()
-        for name, text in TESTBED_FILES.items():
-            (testbed / name).write_text(text)
-        git(testbed, "init", "-q", "-b", "main")
-        git(testbed, "add", "-A")
-        git(testbed, "commit", "-q", "-m", "base")
-        building.chmod(0o755)
-        shutil.rmtree(root, ignore_errors=True)
-        building.rename(root)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+        return testing.debian_root(image_cache())
+    except testing.RootUnavailable as why:
+        pytest.skip(str(why))
 
 
 def static_root(where: Path) -> Path:
-    """A root with nothing but one statically linked program (no libc, no Python, no shell),
-    /etc and an empty /testbed: the least an image can be."""
-    compiler = shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("gcc is not installed")
-    root = where / "static-root"
-    for directory in ("bin", "etc", "testbed"):
-        (root / directory).mkdir(parents=True)
-    source = where / "hello.c"
-    source.write_text('#include <stdio.h>\nint main(void){puts("static hello");return 0;}\n')
-    built = subprocess.run(
-        [compiler, "-static", "-O1", "-o", str(root / "bin" / "hello"), str(source)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if built.returncode != 0:
-        pytest.skip(f"cannot link statically here: {built.stderr.strip()[-300:]}")
-    (root / "etc" / "marker").write_text("the image's own /etc\n")
-    return root
+    """A root with nothing but one statically linked program (sandbox.testing.static_root)."""
+    try:
+        return testing.static_root(where)
+    except testing.RootUnavailable as why:
+        pytest.skip(str(why))
 
 
 REPORTER_C = r"""
