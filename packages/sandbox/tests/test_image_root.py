@@ -196,3 +196,34 @@ async def test_the_agents_change_in_the_images_workspace_is_captured(
         captured = await capture_diff(box, box.source_repository, base)
     assert set(captured.changed_paths) == {"calc.py", "new_test.py"}
     assert b"+    return a + b" in captured.patch
+
+
+async def test_scratch_directories_are_writable_where_a_tasks_tests_expect_them(
+    backend: LocalBackend,
+) -> None:
+    """Harbor's verifier reads /tests and writes /logs: on the image's read-only root they are
+    directories of the sandbox's own, empty and sized, and the image is left as it was."""
+    root = debian_root()
+    limits = ResourceLimits(scratch_bytes=4 << 20)
+    spec = SandboxSpec(
+        image=debian(),
+        scratch_dirs=(PurePosixPath("/logs"), PurePosixPath("/tests")),
+        limits=limits,
+    )
+    async with await backend.create(spec) as box:
+        wrote = await box.exec(
+            "ls -A /logs /tests && mkdir /logs/verifier && echo 1 > /logs/verifier/reward.txt"
+        )
+        assert wrote.exit_code == 0, wrote.stderr
+        assert wrote.stdout.split() == ["/logs:", "/tests:"]
+        assert await box.read_text("/logs/verifier/reward.txt") == "1\n"
+        filled = await box.exec("head -c 8M /dev/zero > /tests/big; echo done")
+        assert "scratch_bytes" in filled.limits_hit
+    assert not (root / "logs").exists()
+    async with await backend.create(SandboxSpec(scratch_dirs=(PurePosixPath("/logs"),))) as box:
+        assert (await box.exec("echo x > /logs/x && cat /logs/x")).stdout == "x\n"
+
+
+def test_a_scratch_directory_must_be_absolute() -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        SandboxSpec(scratch_dirs=(PurePosixPath("logs"),))

@@ -100,6 +100,8 @@ class Layout:
 
     workspace: str = SANDBOX_WORKSPACE
     home: str = SANDBOX_HOME
+    scratch: tuple[str, ...] = ()
+    """The spec's own scratch directories (SandboxSpec.scratch_dirs)."""
 
 
 def bwrap_argv(
@@ -151,6 +153,8 @@ def bwrap_argv(
     for path in scratch:  # world-writable and sticky, as usual
         argv += ["--perms", "1777", *_size(limits.scratch_bytes), "--tmpfs", path]
     argv += [*_size(limits.scratch_bytes), "--tmpfs", layout.home]
+    for path in layout.scratch:
+        argv += [*_size(limits.scratch_bytes), "--tmpfs", path]
     argv += [*_size(_RUN_BYTES), "--tmpfs", "/run"]
     argv += [*_size(_RUN_SANDBOX_BYTES), "--tmpfs", RUN_SANDBOX]
     argv += [*_size(limits.workspace_bytes), "--tmpfs", layout.workspace]

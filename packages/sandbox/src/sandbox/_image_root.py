@@ -132,10 +132,11 @@ def plan(
     default_workspace: PurePosixPath,
     scratch: tuple[str, ...],
     bind_targets: Sequence[PurePosixPath] = (),
+    extra_scratch: Sequence[PurePosixPath] = (),
 ) -> ImagePlan:
     """Lay a sandbox out on `root` (see ImagePlan). `image_workspace` is an ImageWorkspace's
     path (None: the image's working directory) when `wants_image_workspace`; `bind_targets`
-    are where the spec's read-only binds are mounted."""
+    are where the spec's read-only binds are mounted, `extra_scratch` its scratch directories."""
     if not root.path.is_dir():
         raise UnsupportedSpecError(f"the image's root {root.path} is not a directory")
     uid, gid, home = root.ids()
@@ -155,9 +156,10 @@ def plan(
             )
         workspace = chosen
     top = PurePosixPath("/")
-    replaced = frozenset(path.name for path in (workspace, home) if path.parent == top)
+    own = (workspace, home, *extra_scratch)
+    replaced = frozenset(path.name for path in own if path.parent == top)
     binds, links = root.entries(replaced)
-    for path in (workspace, home):
+    for path in own:
         _check_mount_point(root, path)
     for path in bind_targets:
         _check_bind_target(root, path)

@@ -739,6 +739,7 @@ class _Boot:
             default_workspace=PurePosixPath(SANDBOX_WORKSPACE),
             scratch=SCRATCH_MOUNTS[:-1],
             bind_targets=[bind.sandbox_path for bind in self.spec.read_only_binds],
+            extra_scratch=self.spec.scratch_dirs,
         )
         self.runtime = await asyncio.to_thread(self.prepared.runtime)
         if isinstance(image, RootfsImage) and image.path not in self.prepared.checked_roots:
@@ -760,9 +761,10 @@ class _Boot:
         return {"base_repository": None}
 
     def _layout(self) -> Layout:
+        scratch = tuple(str(path) for path in self.spec.scratch_dirs)
         if self.image is None:
-            return Layout()
-        return Layout(str(self.image.workspace), str(self.image.home))
+            return Layout(scratch=scratch)
+        return Layout(str(self.image.workspace), str(self.image.home), scratch)
 
     def _init_python(self) -> Sequence[str]:
         """How init's interpreter is started: as itself on the host's root, through the
@@ -858,7 +860,7 @@ class _Boot:
             sized.append((layout.workspace, "workspace_bytes"))
         if limits.scratch_bytes is not None:
             scratch = SCRATCH_MOUNTS[:-1] if self.image is None else self.image.scratch
-            sized += [(path, "scratch_bytes") for path in (*scratch, layout.home)]
+            sized += [(path, "scratch_bytes") for path in (*scratch, layout.home, *layout.scratch)]
         return json.dumps({"rlimits": rlimits, "tmpfs": sized})
 
     async def _start(

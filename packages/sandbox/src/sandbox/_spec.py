@@ -217,9 +217,15 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     network: ForwardedEndpoint | None = None
     read_only_binds: tuple[ReadOnlyBind, ...] = ()
+    scratch_dirs: tuple[PurePosixPath, ...] = ()
+    """More empty writable directories, each a file system of `limits.scratch_bytes` (on an
+    image's read-only root, where a task's tests expect to write: Harbor's /logs, /tests)."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
 
     def __post_init__(self) -> None:
+        for path in self.scratch_dirs:
+            if not path.is_absolute() or path == PurePosixPath("/") or ".." in path.parts:
+                raise ValueError(f"scratch_dirs must be absolute directories: {path}")
         if isinstance(self.workspace, ImageWorkspace) and self.image is None:
             raise ValueError("an ImageWorkspace needs SandboxSpec.image")
         validate_env(self.env)
