@@ -170,7 +170,7 @@ async def _on_host(
     process group (killed with SIGKILL by ``cli.kill`` and at the end)."""
     endpoint = AgentEndpoint(served.proxy.url, session.token, POLICY_MODEL, served.context)
     plan = harness.launch(
-        bin_path=PurePosixPath(installed.bin_path),
+        bin_path=PurePosixPath(installed.program_path),
         endpoint=endpoint,
         task=task,
         state_dir=PurePosixPath(directory / "state"),

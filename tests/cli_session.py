@@ -104,7 +104,7 @@ async def run_cli_session(
                 context_window=context,
             )
             plan = harness.launch(
-                bin_path=PurePosixPath(installed.bin_path),
+                bin_path=PurePosixPath(installed.program_path),
                 endpoint=endpoint,
                 task=task,
                 state_dir=PurePosixPath(tmp_path / "state"),

@@ -18,10 +18,11 @@ from pathlib import PurePosixPath
 from harness._install import InstalledCli
 from sandbox import ReadOnlyBind
 
-#: Default parent directory of CLI mounts inside a sandbox: under /run, the sandbox's own on
-#: every root, because an image's directories are read-only (an image's /opt has no room for a
-#: mount point).
-DEFAULT_MOUNT_ROOT = PurePosixPath("/run/agent-rl/cli")
+#: Default parent directory of CLI mounts inside a sandbox: a top-level name no image has, so a
+#: local sandbox can make the mount point on any root (an image's directories are read-only:
+#: an image's /opt has no room for one), and an E2B template can hold the CLI there (its /run
+#: is a fresh tmpfs at boot).
+DEFAULT_MOUNT_ROOT = PurePosixPath("/agent-rl/cli")
 
 
 @dataclass(frozen=True, slots=True)
