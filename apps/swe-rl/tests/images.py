@@ -9,7 +9,9 @@ files, built the same way:
 
 - the SWE-bench-shaped task (`fixtures/swebench/`): the repository at /testbed, committed
   with fixed dates so its base commit is the one the fixture row names;
-- the Harbor-shaped task (`fixtures/harbor/`): its working directory /app.
+- the Harbor-shaped task (`fixtures/harbor/`): its working directory /app, a git repository
+  (the change is captured against it: an image's working directory with no repository has no
+  base to capture against).
 
 They are used as root file systems (`{"rootfs": dir}` environments) under the names the
 converters give a local image (`swebench_sweb.eval.x86_64.<key>_latest`, ...).
@@ -34,6 +36,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SUITE = "bookworm"
 PACKAGES = ("python3-minimal", "python3-pytest", "git")
 RECIPE = 1  # bump when the recipe below changes
+IMAGES_RECIPE = 2  # bump when a fixture image's recipe changes
 SWEBENCH_IMAGE = "swebench_sweb.eval.x86_64.fixture_1776_calc-1_latest"
 HARBOR_IMAGE = "agent-rl-fixtures_harbor-calc_latest"
 _GIT_ENV = {
@@ -102,7 +105,8 @@ def debian_root() -> Path:
 
 def images_dir() -> Path:
     """Where the fixture images are, one root file system per converted image name."""
-    recipe = hashlib.sha256(str(debian_root()).encode() + _fixture_digest()).hexdigest()[:12]
+    key = f"{debian_root()}:{IMAGES_RECIPE}".encode() + _fixture_digest()
+    recipe = hashlib.sha256(key).hexdigest()[:12]
     return CACHE / f"images-{recipe}"
 
 
@@ -158,9 +162,14 @@ def swebench_image() -> Path:
 
 
 def harbor_image() -> Path:
-    """The Harbor-shaped task's image: its working directory /app in the Debian root."""
+    """The Harbor-shaped task's image: its working directory /app, committed, in the Debian
+    root."""
 
     def add(root: Path) -> None:
-        shutil.copytree(FIXTURES / "harbor" / "calc-image", root / "app")
+        app = root / "app"
+        shutil.copytree(FIXTURES / "harbor" / "calc-image", app)
+        _git(app, "init", "--quiet", "--initial-branch", "main")
+        _git(app, "add", "--all")
+        _git(app, "commit", "--quiet", "--message", "base")
 
     return _image(HARBOR_IMAGE, add)

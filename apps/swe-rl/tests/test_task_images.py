@@ -5,7 +5,11 @@ converted as their datasets would be and run in images the tests build (tests/im
   only on the image's own interpreter, so a run on the host's would fail it;
 - a converted row whose image is missing is ABORTED with a reason naming the environment,
   never a completed episode with reward 0;
-- an environment that cannot run the tests (no interpreter) is ABORTED too.
+- an environment that cannot run the tests (no interpreter) is ABORTED too, and so is an image
+  that cannot be had (an OCI layout that is not there, a registry nobody listens on);
+- an episode in the SWE-bench image captures the agent's change in /testbed against the
+  image's repository and grades it in a fresh sandbox from the image: the fix earns 1, no
+  change 0.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from harness import InstallConfig
 from sandbox import LocalBackend, LocalConfig
 from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus
 from swe_rl.cli import main
+from swe_rl.environment import image_cache_config
 from swe_rl.episode import EpisodeConfig, SweEpisode
 from swe_rl.harbor import HarborOptions, convert_task
 from swe_rl.swebench import ConversionOptions, convert_row
@@ -35,18 +40,27 @@ FIXTURE_OPTIONS = ConversionOptions(
 )
 
 
-async def run_episode(metadata: dict[str, Any], tmp_path: Path) -> EpisodeOutcome:
+async def run_episode(
+    metadata: dict[str, Any], tmp_path: Path, script: str = "exit 0\n"
+) -> EpisodeOutcome:
+    """One episode of the script agent; a task in an image gets no host toolchain (its own)."""
+    on_host = "environment" not in metadata
     (tmp_path / "state").mkdir(exist_ok=True)
     episode = SweEpisode(
         EpisodeConfig(
             artifacts_root=tmp_path / "artifacts",
             install=InstallConfig(cache_dir=tmp_path / "npm"),
             sources_cache=tmp_path / "sources",
-            binds=TOOLCHAIN_BINDS,
-            env=TOOLCHAIN_ENV,
+            binds=TOOLCHAIN_BINDS if on_host else (),
+            env=TOOLCHAIN_ENV if on_host else {},
         ),
-        ScriptAgent("exit 0\n", tmp_path / "installs"),
-        LocalBackend(LocalConfig(state_root=tmp_path / "state")),
+        ScriptAgent(script, tmp_path / "installs"),
+        LocalBackend(
+            LocalConfig(
+                state_root=tmp_path / "state",
+                images=image_cache_config(tmp_path / "images", plain_http=["127.0.0.1:9"]),
+            )
+        ),
     )
     session = AdapterSession("http://127.0.0.1:9", "unused-token", f"images-{tmp_path.name}")
     return await episode(metadata, session, Budgets(60, 10, 4096, 256), evaluation=False)
@@ -86,17 +100,52 @@ async def test_an_environment_without_the_tests_interpreter_is_aborted(tmp_path:
     assert outcome.reason.endswith("the test runner cannot start: python: command not found")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="waiting on the sandbox: a change made in an image's own directory cannot be "
-    "captured yet, so the episode aborts (before the agent runs) instead of grading it",
+@pytest.mark.parametrize(
+    ("environment", "named"),
+    [
+        (
+            {"oci_layout": "/nonexistent/layout", "ref": "latest"},
+            "oci layout /nonexistent/layout (latest)",
+        ),
+        ({"image": "127.0.0.1:9/fixture/calc:latest"}, "image 127.0.0.1:9/fixture/calc"),
+    ],
+    ids=["missing-oci-layout", "closed-registry-port"],
 )
-async def test_an_episode_in_its_image_grades_the_agents_change(tmp_path: Path) -> None:
+async def test_an_image_that_cannot_be_had_aborts_the_episode(
+    tmp_path: Path, environment: dict[str, str], named: str
+) -> None:
+    metadata = convert_row(swebench_row(), FIXTURE_OPTIONS)["metadata"]
+    metadata["environment"] = {**environment, "workdir": "/testbed"}
+    outcome = await run_episode(metadata, tmp_path)
+    assert outcome.status is EpisodeStatus.ABORTED
+    assert outcome.reason.startswith(f"environment: the sandbox cannot start ({named}"), (
+        outcome.reason
+    )
+    assert "cannot get image" in outcome.reason
+    summary = json.loads((Path(str(outcome.artifacts["dir"])) / "summary.json").read_text())
+    assert "grading" not in summary
+
+
+FIX = "sed -i '0,/return a - b/s//return a + b/' calc.py\n"  # add() only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "reward", "verdict"),
+    [(FIX, 1.0, "resolved"), ("exit 0\n", 0.0, "unresolved")],
+    ids=["fix", "no-change"],
+)
+async def test_an_episode_in_its_image_grades_the_agents_change(
+    tmp_path: Path, script: str, reward: float, verdict: str
+) -> None:
     swebench_image()
     options = ConversionOptions(**{**vars_of(FIXTURE_OPTIONS), "images_dir": images_dir()})
-    outcome = await run_episode(convert_row(swebench_row(), options)["metadata"], tmp_path)
+    outcome = await run_episode(convert_row(swebench_row(), options)["metadata"], tmp_path, script)
     assert outcome.status is EpisodeStatus.COMPLETED, outcome.reason
-    assert outcome.artifacts["verdict"] == "unresolved"  # the script agent changes nothing
+    assert outcome.artifacts["verdict"] == verdict, outcome.reason
+    assert outcome.reward == reward
+    patch = (Path(str(outcome.artifacts["dir"])) / "diff.patch").read_bytes()
+    assert (b"+    return a + b" in patch) is (reward == 1.0)
 
 
 def vars_of(options: ConversionOptions) -> dict[str, Any]:
@@ -137,12 +186,6 @@ def test_validate_grades_the_swebench_fixture_gold_1_and_empty_0_in_its_image(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="waiting on the sandbox: a Harbor verifier writes /logs/verifier and reads /tests "
-    "on the image's root, which the local backend mounts read-only, and its solution's change "
-    "is captured from the image's own directory, which capture_diff cannot list yet",
-)
 def test_validate_grades_the_harbor_fixture_gold_1_and_empty_0_in_its_image(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

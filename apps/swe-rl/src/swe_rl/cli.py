@@ -240,7 +240,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="prepared repositories (default: %(default)s)",
     )
+    _image_cache(validate)
     return parser
+
+
+def _image_cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--image-cache",
+        type=Path,
+        metavar="DIR",
+        help="where registry images and OCI layouts are unpacked (default: "
+        "$SWE_RL_IMAGE_CACHE, else ~/.cache/agent-rl/images)",
+    )
+    parser.add_argument(
+        "--plain-http",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a registry spoken to over plain HTTP (a loopback or private one); repeatable, "
+        "also $SWE_RL_REGISTRY_PLAIN_HTTP (comma-separated)",
+    )
+    parser.add_argument(
+        "--registry-credentials",
+        type=Path,
+        metavar="FILE",
+        help='JSON {"host": {"username": ..., "password": ...}} (default: '
+        "$SWE_RL_REGISTRY_CREDENTIALS)",
+    )
 
 
 def _local_images(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,8 @@ sandbox cannot boot on it, its test runner cannot start there) is such an abort,
 starting with "environment:" (environment.py), never a completed episode with reward 0.
 
 A task with an environment runs the agent and the grader on its image (environment.py); when
-the image holds the repository, the workspace is the image's own directory.
+the image holds the repository, the workspace is the image's own directory, the change is
+captured against the image's repository and graded in a fresh sandbox from the same image.
 
 The episode's artifacts (the CLI's event stream and stderr, the diff, the grading log, a
 summary) are written to one directory, named in the outcome as `artifacts["dir"]`, where
@@ -60,7 +61,6 @@ from sandbox import (
 from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus, JsonValue
 from swe_rl.environment import (
     CaptureUnsupportedError,
-    can_capture,
     capture_change,
     environment_reason,
     sandbox_spec,
@@ -191,9 +191,6 @@ class SweEpisode:
                     raise _Aborted(reason) from None
                 raise _Aborted(f"sandbox: {error}") from None
         async with box:
-            if not can_capture(task, repo):  # known now: spend no agent run on it
-                reason = "the sandbox cannot capture a change made in an image's own directory"
-                raise _Aborted(environment_reason(task, "capturing the change", reason))
             with _phase(phases, "setup"):
                 await self._setup(box, task)
             with _phase(phases, "agent"):
@@ -243,7 +240,8 @@ class SweEpisode:
         return EpisodeOutcome(result.reward, status, reason, artifacts)
 
     async def _capture(self, box: Sandbox, task: SweTask, repo: Path | None) -> CapturedDiff:
-        """The agent's change: against the prepared repository at the base commit."""
+        """The agent's change: against the prepared repository at the base commit, or the
+        image's own repository (environment.capture_change)."""
         try:
             return await capture_change(box, task, repo, self.config.capture)
         except CaptureUnsupportedError as error:
@@ -343,7 +341,12 @@ class SweEpisode:
     ) -> GradeResult:
         log = GradingLog()
         spec = sandbox_spec(
-            task, repo, env=self.config.env, binds=self.config.binds, limits=self.config.limits
+            task,
+            repo,
+            env=self.config.env,
+            binds=self.config.binds,
+            limits=self.config.limits,
+            grading=True,
         )
         try:
             return await grade(

@@ -8,6 +8,8 @@ sandbox backend by name, and their options:
     agent:   name "claude-code" | "codex"; options {"model": <name the CLI sends>}
     sandbox: backend "local" | "e2b"; options {"artifacts_root": dir, "cache_dir": dir,
              "isolation": "bwrap" | "none" (refused unless "allow_unsandboxed": "true"),
+             "image_cache": dir (default $SWE_RL_IMAGE_CACHE, else ~/.cache/agent-rl/images),
+             "registry_plain_http": "host:port,..." , "registry_credentials": JSON file,
              "e2b_template": ... (E2B, with E2B_API_KEY in the environment)}
 
 `swe-rl rollout` drives the same generate function against a real SGLang server, exactly as
@@ -27,6 +29,7 @@ from sandbox import E2BBackend, E2BConfig, LocalBackend, LocalConfig, SandboxBac
 from slime_backend import AdapterSession, BackendSettings, Budgets, EpisodeOutcome, JsonValue
 from slime_backend.generate import make_generate
 from swe_rl.agents import harness_for
+from swe_rl.environment import image_cache_config
 from swe_rl.episode import EpisodeConfig, SweEpisode
 from trajectory_tree import SessionTree
 
@@ -66,7 +69,19 @@ def _backend(name: str, options: Mapping[str, str]) -> SandboxBackend:
             )
         if isolation not in ("bwrap", "none"):
             raise ConfigurationError(f"sandbox.options.isolation: unknown {isolation!r}")
-        return LocalBackend(LocalConfig(isolation=isolation))  # type: ignore[arg-type]
+        cache = options.get("image_cache")
+        credentials = options.get("registry_credentials")
+        try:
+            images = image_cache_config(
+                Path(cache) if cache else None,
+                plain_http=options.get("registry_plain_http", "").split(","),
+                credentials=Path(credentials) if credentials else None,
+            )
+        except ValueError as error:
+            raise ConfigurationError(f"sandbox.options.registry_credentials: {error}") from None
+        if isolation == "none":
+            return LocalBackend(LocalConfig(isolation="none"))  # refuses images anyway
+        return LocalBackend(LocalConfig(isolation="bwrap", images=images))
     if name == "e2b":
         key = os.environ.get("E2B_API_KEY")
         if not key:

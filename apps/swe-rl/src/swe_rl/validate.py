@@ -20,8 +20,8 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sandbox import (
@@ -137,7 +137,12 @@ class Validator:
     ) -> GradeResult:
         task = row.task
         spec = sandbox_spec(
-            task, repo, env=self.config.env, binds=self.config.binds, limits=self.config.limits
+            task,
+            repo,
+            env=self.config.env,
+            binds=self.config.binds,
+            limits=self.config.limits,
+            grading=True,
         )
         log = GradingLog()
         try:
@@ -165,6 +170,8 @@ class Validator:
         spec = sandbox_spec(
             task, repo, env=self.config.env, binds=self.config.binds, limits=self.config.limits
         )
+        # Harbor's solutions live at /solution: an empty writable directory on the image's root.
+        spec = replace(spec, scratch_dirs=(PurePosixPath(SOLUTION_PATH),))
         try:
             files = await asyncio.to_thread(_solution_files, solution)
         except OSError as error:

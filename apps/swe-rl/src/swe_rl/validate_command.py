@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sandbox import LocalBackend, LocalConfig
+from swe_rl.environment import image_cache_config
 from swe_rl.errors import UsageError
 from swe_rl.task_file import TaskRow, read_task_file
 from swe_rl.validate import ValidateConfig, Validation, Validator, passing_lines, validate_rows
@@ -22,8 +23,14 @@ async def run_validate(args: argparse.Namespace) -> int:
     if shutil.which("bwrap") is None:
         raise UsageError("validate runs every task in a bubblewrap sandbox: install bubblewrap")
     state: Path = args.state or args.tasks.with_suffix(".validate-state.jsonl")
+    try:
+        images = image_cache_config(
+            args.image_cache, plain_http=args.plain_http, credentials=args.registry_credentials
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     config = ValidateConfig(
-        backend=LocalBackend(LocalConfig()),
+        backend=LocalBackend(LocalConfig(images=images)),
         sources_cache=args.cache_dir / "sources",
         logs=args.logs,
     )
