@@ -173,3 +173,12 @@ def harbor_image() -> Path:
         _git(app, "commit", "--quiet", "--message", "base")
 
     return _image(HARBOR_IMAGE, add)
+
+
+def harbor_image_without_repository() -> Path:
+    """The Harbor task's image as most Harbor images are: /app holds files, no repository."""
+
+    def add(root: Path) -> None:
+        shutil.copytree(FIXTURES / "harbor" / "calc-image", root / "app")
+
+    return _image(f"{HARBOR_IMAGE}-no-git", add)

@@ -30,7 +30,14 @@ from swe_rl.harbor import HarborOptions, convert_task
 from swe_rl.swebench import ConversionOptions, convert_row
 
 from .attack_tasks import TOOLCHAIN_BINDS, TOOLCHAIN_ENV, ScriptAgent, make_task
-from .images import FIXTURES, harbor_image, images_dir, swebench_image, swebench_row
+from .images import (
+    FIXTURES,
+    harbor_image,
+    harbor_image_without_repository,
+    images_dir,
+    swebench_image,
+    swebench_row,
+)
 
 FIXTURE_OPTIONS = ConversionOptions(
     image_format="rootfs",
@@ -146,6 +153,22 @@ async def test_an_episode_in_its_image_grades_the_agents_change(
     assert outcome.reward == reward
     patch = (Path(str(outcome.artifacts["dir"])) / "diff.patch").read_bytes()
     assert (b"+    return a + b" in patch) is (reward == 1.0)
+
+
+async def test_an_image_whose_workdir_is_no_repository_aborts_before_the_agent_runs(
+    tmp_path: Path,
+) -> None:
+    root = harbor_image_without_repository()
+    metadata = convert_task(FIXTURES / "harbor" / "calc-task", HarborOptions())["metadata"]
+    metadata["environment"] = {"rootfs": str(root), "workdir": "/app"}
+    outcome = await run_episode(metadata, tmp_path, "touch /tmp/ran; exit 0\n")
+    assert outcome.status is EpisodeStatus.ABORTED
+    assert outcome.reason == (
+        f"environment: capturing the change (rootfs {root}): /app in the image is not a git "
+        "repository: no base to capture"
+    )
+    summary = json.loads((Path(str(outcome.artifacts["dir"])) / "summary.json").read_text())
+    assert "agent" not in summary
 
 
 def vars_of(options: ConversionOptions) -> dict[str, Any]:

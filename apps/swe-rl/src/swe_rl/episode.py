@@ -191,6 +191,9 @@ class SweEpisode:
                     raise _Aborted(reason) from None
                 raise _Aborted(f"sandbox: {error}") from None
         async with box:
+            if task.in_image and box.source_repository is None:  # known now: no agent run
+                why = f"{box.workspace} in the image is not a git repository: no base to capture"
+                raise _Aborted(environment_reason(task, "capturing the change", why))
             with _phase(phases, "setup"):
                 await self._setup(box, task)
             with _phase(phases, "agent"):
