@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from array import array
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from trajectory_tree import (
     Completion,
     FinishReason,
     ForeignRoute,
+    FormatError,
     FullPrompt,
     InvalidTurn,
     LossReason,
@@ -35,6 +37,7 @@ from trajectory_tree import (
     SessionTree,
     TrajectoryError,
     dumps,
+    loads,
 )
 
 SYS = system("agent")
@@ -91,6 +94,37 @@ def test_full_prompt_for_a_replayed_request_on_an_equal_path() -> None:
     assert retry.rerendered is None
     assert s.tree.node(retry.node).parent is s.tree.node(s.tree.turns[0].node).parent
     check_session(s)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipsEmptySystem(ChatFormat):
+    """A template that renders an empty system message as no text at all."""
+
+    def message(self, message: Message, *, reasoning: bool = True) -> list[int]:
+        if message.role == "system" and not message.content:
+            return []
+        return super().message(message, reasoning=reasoning)
+
+
+def test_full_prompt_whose_new_messages_add_no_tokens_still_extends_the_path() -> None:
+    """The full render's history is exactly the path's ids (the new message renders as
+    nothing): it extends the path, so the message is attached there, holding no tokens, and
+    nothing is re-rendered history."""
+    s = Session(fmt=SkipsEmptySystem())
+    s.turn(prompt(SYS, TASK), reply("a"))
+    quiet = Message("system")
+    route = s.tree.route(prompt(SYS, TASK, quiet))
+    assert (route.matched, len(route.new_messages)) == (2, 1)
+    second = s.turn(prompt(SYS, TASK, quiet), reply("b"), full="fallback")
+    assert second.rerendered is None
+    attached = s.tree.node(second.node).parent
+    assert attached is not None
+    assert (attached.message, attached.parent) == (quiet, route.anchor)
+    assert attached.delta is not None, "a boundary: the prefix is known there"
+    assert (len(attached.delta), attached.spans) == (0, ())
+    lin = check_session(s)
+    assert [x.trained_turns for x in lin.samples] == [(0,), (1,)]
+    assert LossReason.RERENDERED_HISTORY not in lin.samples[1].masked_tokens()
 
 
 def test_full_prompt_extending_a_cut_output_keeps_the_lineage() -> None:
@@ -246,6 +280,26 @@ def test_rounding_above_zero_is_kept_as_returned() -> None:
     assert completion.output_logprobs == [1e-7]
 
 
+def test_rounding_is_tolerated_up_to_1e_4_and_no_further() -> None:
+    """+1e-4 is the most low-precision log-softmax is allowed to round a certain token to: kept
+    when recorded and when read back; the next float up is refused by both."""
+    bound = 1e-4
+    s = Session()
+    s.turn(prompt(SYS, TASK), reply("a"))
+    pending = s.start(prompt(SYS, TASK, reply("a"), user("b")), reply("c"), output=[7])
+    pending.completion = Completion([7], [bound], FinishReason.STOP)
+    s.finish(pending)
+    again = loads(dumps(s.tree))
+    assert again.turns[1].output_logprobs.tolist() == [bound]
+    above = math.nextafter(bound, 1.0)
+    with pytest.raises(InvalidTurn, match="not a log-probability"):
+        Completion([7], [above], FinishReason.STOP)
+    document = json.loads(dumps(s.tree))
+    document["nodes"][-1]["turn"]["output_logprobs"] = [above]
+    with pytest.raises(FormatError, match="log-probabilities"):
+        loads(json.dumps(document))
+
+
 def _refusals(s: Session) -> dict[str, Callable[[], object]]:
     tree = s.tree
     new = tree.route(prompt(*AFTER))
@@ -344,3 +398,24 @@ def test_a_refused_first_turn_leaves_no_context_root() -> None:
         )
     assert tree.nodes == []
     assert tree.roots == []
+
+
+def test_a_refused_turn_undoes_no_root_another_turn_registered_meanwhile() -> None:
+    """Two first requests of a new context, routed before either is recorded: the first
+    recorded registers the root; the second, refused, leaves that root and its turn alone (a
+    refusal undoes only a root it registered itself), and once fixed it records under it."""
+    tree = SessionTree()
+    first = tree.route(Prompt([Message.text("user", "hi")]))
+    second = tree.route(Prompt([Message.text("user", "hello")]))
+    tree.record(
+        first, BridgedPrompt([Segment(LossReason.CONTEXT, [1])], [3]), completion([4]), reply("x")
+    )
+    before = _state(tree)
+    bad = BridgedPrompt([Segment(LossReason.CONTEXT, [5, -2])], [3])
+    with pytest.raises(InvalidTurn):
+        tree.record(second, bad, completion([6]), reply("y"))
+    assert _state(tree) == before
+    good = BridgedPrompt([Segment(LossReason.CONTEXT, [5])], [3])
+    turn = tree.record(second, good, completion([6]), reply("y"))
+    assert len(tree.roots) == 1
+    assert tree.node(turn.node).path()[0] is tree.roots[0]

@@ -6,7 +6,7 @@ import pytest
 from invariants import check_session
 from session_kit import Session, call, prompt, reply, system, tool_result, user
 
-from trajectory_tree import LengthLimit, LengthMode, LossReason, linearize
+from trajectory_tree import LengthLimit, LengthMode, LossReason, TurnMeta, linearize
 
 SYS = system("agent")
 TASK = user("task")
@@ -66,13 +66,17 @@ def test_drop_removes_the_sample_and_excludes_what_it_trained() -> None:
     assert over_length(lin) == {t.id: t.output_length for t in s.tree.turns}
 
 
-def test_drop_lets_a_shorter_branch_train_the_shared_turns() -> None:
+@pytest.mark.parametrize("agent", [None, "fork"], ids=["same-agent", "another-agent"])
+def test_drop_lets_a_shorter_branch_train_the_shared_turns(agent: str | None) -> None:
     """The long branch is dropped; its shared prefix fits in the short branch, which must then
-    train it, instead of masking it as trained elsewhere while nothing trains it."""
+    train it, instead of masking it as trained elsewhere while nothing trains it. So too when
+    the short branch is another agent's (a fork): no kept sample of the turn's own agent is
+    left to train it."""
     s = Session()
     s.turn(prompt(SYS, TASK), reply("plan"))
     s.turn(prompt(SYS, TASK, reply("plan"), user("long " * 40)), reply("long branch"))
-    s.turn(prompt(SYS, TASK, reply("plan"), user("short")), reply("short branch"))
+    fork = TurnMeta(agent_id=agent)
+    s.turn(prompt(SYS, TASK, reply("plan"), user("short")), reply("short branch"), meta=fork)
     limit = LengthLimit(s.tree.turns[2].prompt_length + 20, LengthMode.DROP)
     lin = check_session(s, limit=limit)
     assert [x.trained_turns for x in lin.samples] == [(0, 2)]

@@ -109,6 +109,33 @@ def test_thinking_signatures_never_take_part_in_equality() -> None:
     assert signed.key == other.key
 
 
+def test_reasoning_on_one_side_only_is_ignored_either_way() -> None:
+    """A client that drops reasoning echoes a reply without it; a reply recorded without
+    reasoning may come back with some. Either way round it is the same message."""
+    thought = reply("x", call("c1", "bash", {"cmd": "ls"}), reasoning="plan")
+    plain = reply("x", call("c1", "bash", {"cmd": "ls"}))
+    assert same_message(thought, plain)
+    assert same_message(plain, thought)
+
+
+def test_messages_with_equal_keys_are_the_same_message() -> None:
+    """Routing compares keys first and calls same_message only on a miss: the two must agree,
+    or a route would depend on how many children a node has. A key writes no name as "", so
+    an empty name is no name."""
+    named = dataclasses.replace(tool_result("c1", "ok"), name="")
+    assert named.key == tool_result("c1", "ok").key
+    assert same_message(named, tool_result("c1", "ok"))
+    assert same_message(tool_result("c1", "ok"), named)
+
+
+def test_a_message_is_no_error_result_unless_flagged() -> None:
+    """Adapters build most messages without naming ``is_error``: only a flagged tool result
+    is an error."""
+    unflagged = Message("tool", (Text("ok"),), tool_call_id="c1")
+    assert not unflagged.is_error
+    assert unflagged == tool_result("c1", "ok") != tool_result("c1", "ok", error=True)
+
+
 def test_cache_control_is_absent_from_the_neutral_model() -> None:
     """Adapters drop cache markers while normalizing; nothing in the model can carry one."""
     for cls in (Message, Text, Reasoning, ToolCall, Media):
@@ -148,9 +175,24 @@ def test_cache_control_is_absent_from_the_neutral_model() -> None:
         ),
         pytest.param(tool_result("c1", "ok"), tool_result("c1", "ok", error=True), id="is-error"),
         pytest.param(tool_result("c1", "ok"), tool_result("c2", "ok"), id="tool-call-id"),
+        pytest.param(
+            dataclasses.replace(tool_result("c1", "ok"), name="ls"),
+            dataclasses.replace(tool_result("c1", "ok"), name="cat"),
+            id="tool-result-name",
+        ),
         pytest.param(user("hi"), system("hi"), id="role"),
         pytest.param(
             Message("user", (Reasoning("r"), Text("hi"))), user("hi"), id="user-reasoning-counts"
+        ),
+        pytest.param(
+            Message("user", (Text("see"), Media("image/png", "aGk="))),
+            Message("user", (Text("see"), Media("image/png", "aG8="))),
+            id="media-source",
+        ),
+        pytest.param(
+            Message("user", (Text("see"), Media("image/png", "aGk="))),
+            Message("user", (Text("see"), Media("image/jpeg", "aGk="))),
+            id="media-type",
         ),
     ],
 )

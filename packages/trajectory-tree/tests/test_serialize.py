@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -33,14 +34,17 @@ from trajectory_tree import (
     Media,
     Message,
     Prompt,
+    Reasoning,
     Route,
     Segment,
     SessionTree,
     Text,
+    ToolCall,
     TurnMeta,
     dumps,
     linearize,
     loads,
+    message_to_dict,
     tree_from_dict,
     tree_to_dict,
 )
@@ -162,15 +166,71 @@ def test_round_trip_gives_identical_routing() -> None:
     assert again.route(unseen).matched == s.tree.route(unseen).matched == 0
 
 
-def test_a_loaded_tree_keeps_recording_like_the_original() -> None:
+@pytest.mark.parametrize("copy_of", [lambda t: loads(dumps(t)), SessionTree.snapshot])
+def test_a_loaded_or_snapshotted_tree_keeps_recording_like_the_original(
+    copy_of: Callable[[SessionTree], SessionTree],
+) -> None:
+    """Recording goes on in the copy as in the tree: a retry and a continuation are the most
+    recent lineages (the recency clock carries on), and the same nodes and turns are added."""
     s, probes = busy_session()
-    loaded = Session(tree=loads(dumps(s.tree)), fmt=s.fmt, calls=dict(s.calls))
+    loaded = Session(tree=copy_of(s.tree), fmt=s.fmt, calls=dict(s.calls))
     for session in (s, loaded):
         session.engine = ScriptedEngine(seed=7)
         session.turn(probes[1], reply("continued"))
         session.turn(probes[0], reply("yet another retry"))
     assert dumps(loaded.tree) == dumps(s.tree)
     assert linearize(loaded.tree) == check_session(s)
+
+
+def test_a_node_read_without_a_message_matches_no_message() -> None:
+    """A document may hold a node below a root without a message (edited by hand, or written
+    by a later version): routing never walks through it, whatever the request says."""
+    s = Session()
+    s.turn(prompt(SYS, user("a")), reply("x"))
+    doc = tree_to_dict(s.tree)
+    assert doc["nodes"][1]["message"] == message_to_dict(SYS)
+    del doc["nodes"][1]["message"]
+    tree = tree_from_dict(doc)
+    assert tree.route(prompt(SYS, user("a"))).matched == 0
+    assert s.tree.route(prompt(SYS, user("a"))).matched == 2
+
+
+def test_every_message_field_survives_a_round_trip() -> None:
+    """Names, call ids, error flags, media, reasoning signatures and encrypted reasoning read
+    back as recorded (signatures take no part in equality, so they are compared apart); a field
+    a message does not have is not written."""
+    s = Session()
+    thought = Message(
+        "assistant",
+        (Reasoning("look", "sig", "enc"), ToolCall("c1", "bash", '{"cmd": "ls"}')),
+    )
+    result = dataclasses.replace(tool_result("c1", "no such file", error=True), name="bash")
+    history = [SYS, TASK, thought, result]
+    s.turn(prompt(SYS, TASK), thought)
+    s.turn(prompt(*history), reply("done"))
+    again = loads(dumps(s.tree))
+    read = again.request_messages(again.turns[1])
+    assert read == history
+    assert [(m.name, m.tool_call_id, m.is_error) for m in read] == [
+        (None, None, False),
+        (None, None, False),
+        (None, None, False),
+        ("bash", "c1", True),
+    ]
+    reasoning = read[2].reasoning[0]
+    assert (reasoning.signature, reasoning.encrypted) == ("sig", "enc")
+    assert message_to_dict(SYS) == {
+        "role": "system",
+        "content": [{"type": "text", "text": "agent"}],
+    }
+
+
+def test_an_unknown_block_type_is_named_in_the_error() -> None:
+    doc = _doc()
+    MUTATIONS["unknown-block"](doc)
+    with pytest.raises(FormatError) as refused:
+        tree_from_dict(doc)
+    assert str(refused.value) == "unknown block type 'video'"
 
 
 def test_round_trip_keeps_logprobs_rounded_above_zero() -> None:
@@ -222,12 +282,14 @@ MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "node-not-an-object": lambda d: d["nodes"].append(3),
     "forward-parent": lambda d: d["nodes"][1].update(parent=5),
     "self-parent": lambda d: d["nodes"][1].update(parent=1),
+    "negative-parent": lambda d: d["nodes"][2].update(parent=-1),
     "unknown-block": _set("message.content", [{"type": "video"}]),
     "block-not-an-object": _set("message.content", ["text"]),
     "unknown-role": _set("message.role", "robot"),
     "tool-message-without-call-id": _set("message.role", "tool"),
     "unknown-span-reason": _set("spans", [["vibes", 1]]),
     "spans-short-of-tokens": lambda d: _generated(d)["spans"].pop(),
+    "context-spans-short-of-tokens": lambda d: d["nodes"][2]["spans"].pop(),
     "token-beyond-int32": _set("tokens", [2**40]),
     "token-not-an-int": _set("tokens", ["a"]),
     "negative-token": lambda d: _generated(d)["tokens"].__setitem__(0, -1),
@@ -245,6 +307,21 @@ MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "prompt-length-disagrees-with-path": _set("turn.prompt_length", 3),
     "generated-span-disagrees-with-output": lambda d: _generated(d).update(
         spans=[["template_scaffold", len(_generated(d)["tokens"])]]
+    ),
+    "generated-span-not-last": lambda d: _generated(d)["spans"].reverse(),
+    "output-not-at-the-end": lambda d: _generated(d).update(
+        spans=[
+            ["template_scaffold", _generated(d)["spans"][0][1] - 1],
+            _generated(d)["spans"][1],
+            ["template_scaffold", 1],
+        ]
+    ),
+    "generated-span-split": lambda d: _generated(d).update(
+        spans=[
+            ["template_scaffold", _generated(d)["spans"][0][1]],
+            ["generated", 1],
+            ["generated", _generated(d)["spans"][1][1] - 1],
+        ]
     ),
 }
 
@@ -267,3 +344,37 @@ def test_malformed_documents_raise_format_error(case: str) -> None:
 def test_non_documents_raise_format_error(text: str) -> None:
     with pytest.raises(FormatError):
         loads(text)
+
+
+@pytest.mark.parametrize(("parent", "index"), [(5, 1), (1, 1), (-1, 2)])
+def test_a_parent_that_does_not_precede_its_node_is_named(parent: int, index: int) -> None:
+    doc = _doc()
+    doc["nodes"][index]["parent"] = parent
+    with pytest.raises(FormatError) as refused:
+        tree_from_dict(doc)
+    assert str(refused.value) == f"node {index} names parent {parent}, which does not precede it"
+
+
+def test_turn_metadata_left_out_of_a_document_reads_as_the_defaults() -> None:
+    """A document may carry a turn without its ``meta`` (a writer that had none): the turn
+    reads back as a first attempt of the policy's own work, trained like any other."""
+    s = Session()
+    s.turn(prompt(SYS, TASK), reply("a"))
+    doc = tree_to_dict(s.tree)
+    del doc["nodes"][-1]["turn"]["meta"]
+    tree = tree_from_dict(doc)
+    assert tree.turns[0].meta == TurnMeta()
+    assert [x.trained_turns for x in linearize(tree).samples] == [(0,)]
+
+
+def test_a_turn_with_an_empty_generation_prompt_round_trips() -> None:
+    """A template may append nothing before the reply (a raw completion): the reply's node
+    holds the output alone, and the document reads back."""
+    tree = SessionTree("bare")
+    route = tree.route(prompt(user("x")))
+    completion = Completion([7, 8], [-0.5, -0.25], FinishReason.STOP)
+    prompt_ids = BridgedPrompt([Segment(LossReason.CONTEXT, [5, 6])], [])
+    turn = tree.record(route, prompt_ids, completion, reply("a"))
+    again = loads(dumps(tree))
+    assert again.output_ids(again.turns[0]).tolist() == [7, 8]
+    assert again.prompt_ids(again.turns[0]).tolist() == tree.prompt_ids(turn).tolist() == [5, 6]

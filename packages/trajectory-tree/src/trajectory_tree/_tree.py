@@ -419,7 +419,6 @@ class SessionTree:
                     found = self._add(node, message, None, ())
                 else:
                     found = self._add(node, message, delta, spans)
-                reuse = False
             node = found
         return node
 
