@@ -18,7 +18,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters._parsing import BuiltinReplyParser
+from protocol_adapters._parsing import BuiltinReplyParser, new_call_id
+from protocol_adapters._parsing.tool_markup import CallIdFactory
 from protocol_adapters._rendering import Renderer
 from protocol_adapters._rendering.renderer import RenderedPrompt
 from protocol_adapters._rendering.template_messages import template_messages, template_tools
@@ -96,6 +97,8 @@ class ChatSession:
     tree: SessionTree = field(default_factory=SessionTree)
     messages: list[Message] = field(default_factory=list)
     sent: list[tuple[Prompt, RenderedPrompt]] = field(default_factory=list)
+    call_id: CallIdFactory = new_call_id
+    """The ids the engine double's parser gives calls (fresh random ones by default)."""
 
     def prompt(self, new: Sequence[Message] = ()) -> Prompt:
         return Prompt((*self.messages, *new), tuple(self.tools))
@@ -108,7 +111,8 @@ class ChatSession:
         rendered = self.renderer.render(route)
         self.sent.append((prompt, rendered))
         ids = [*self.vocabulary.encode(text), self.vocabulary.token_id("<|im_end|>")]
-        parsed = BuiltinReplyParser(tools=self.tools).parse_ids(ids, self.vocabulary)
+        parser = BuiltinReplyParser(tools=self.tools, call_id=self.call_id)
+        parsed = parser.parse_ids(ids, self.vocabulary)
         assert parsed.malformed_tool_calls == 0
         completion = Completion(ids, [-0.5] * len(ids), FinishReason.STOP)
         meta = TurnMeta(extra=dict(rendered.notes))  # as the server records them

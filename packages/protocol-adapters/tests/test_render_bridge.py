@@ -18,7 +18,14 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from protocol_adapters._parsing import BuiltinReplyParser
-from protocol_adapters._rendering import ChatTemplate, Renderer, RendererConfig, qwen3_template
+from protocol_adapters._rendering import (
+    ChatTemplate,
+    PromptTooLong,
+    Renderer,
+    RendererConfig,
+    qwen3_template,
+)
+from protocol_adapters._rendering.check import Place, _whole
 from protocol_adapters._rendering.renderer import ENDS_ON_REPLY, OUTPUT_KEPT, PROMPT_MISMATCH
 from protocol_adapters._rendering.template_messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
@@ -32,6 +39,7 @@ from trajectory_tree import (
     Media,
     Message,
     Prompt,
+    Segment,
     SessionTree,
     Text,
     ToolCall,
@@ -307,3 +315,106 @@ def test_renderer_is_safe_across_threads(qwen: Vocabulary) -> None:
     assert len({tuple(r) for r in results}) == 3
     assert renderer.stats.bridged == 12
     assert renderer.stats.mismatches == 0
+
+
+def test_the_whole_prompt_check_places_a_difference_in_the_span_it_falls_in(
+    qwen: Vocabulary,
+) -> None:
+    """Prefix ids: a user message (context, 3 ids), turn 0's generation prompt (2 ids) and its
+    output (3 ids); then the new messages. A difference on a span's first or last token is
+    that span's, never its neighbour's."""
+    tree = SessionTree()
+    first = Prompt((Message.text("user", "go"),))
+    route = tree.route(first)
+    reply = Message.text("assistant", "x")
+    bridged = BridgedPrompt([Segment(LossReason.CONTEXT, [11, 12, 13])], [14, 15])
+    tree.record(route, bridged, Completion([16, 17, 18], [-0.1] * 3, FinishReason.STOP), reply)
+    later = tree.route(Prompt((*first.messages, reply, Message.text("user", "again"))))
+    sent = [*later.prefix_ids().tolist(), 19, 20]
+    assert sent[:8] == list(range(11, 19))
+
+    def place(at: int) -> tuple[Place, str]:
+        full = [*sent[:at], 99, *sent[at + 1 :]]
+        mismatch = _whole(later, qwen, sent, full)
+        assert mismatch is not None
+        # the reason quotes six tokens of each side from the first difference on
+        bridged, template = qwen.decode(sent[at : at + 6]), qwen.decode(full[at : at + 6])
+        assert f"token {at}: bridged {bridged!r}, template {template!r}" in mismatch.reason
+        return mismatch.place, mismatch.reason
+
+    earlier = (Place.TEMPLATE_TEXT, "earlier text")
+    generation = (Place.GENERATION_PROMPT, "turn 0's generation prompt")
+    output = (Place.OUTPUT, "turn 0's output is kept verbatim")
+    new = (Place.TEMPLATE_TEXT, "in the new messages")
+    expected = [earlier] * 3 + [generation] * 2 + [output] * 3 + [new] * 2
+    for at, (where, words) in enumerate(expected):
+        found, reason = place(at)
+        assert (found, words in reason) == (where, True), f"token {at}: {reason}"
+    assert _whole(later, qwen, sent, list(sent)) is None
+    shorter = _whole(later, qwen, sent, sent[:-1])
+    assert shorter is not None
+    assert "token 9:" in shorter.reason
+    assert "in the new messages" in shorter.reason
+
+
+def fresh_turns(renderer: Renderer, count: int) -> list[bool]:
+    """Whether each of ``count`` first turns of new sessions was checked."""
+    return [
+        renderer.render(
+            SessionTree().route(Prompt((Message.text("user", f"n{i}"),), TOOLS))
+        ).checked
+        for i in range(count)
+    ]
+
+
+def test_check_sample_rate_zero_checks_no_turn_and_one_checks_every_turn(
+    qwen: Vocabulary,
+) -> None:
+    never = Renderer(qwen, qwen3_template(), RendererConfig(check_sample_rate=0.0, seed=1))
+    assert fresh_turns(never, 12) == [False] * 12
+    assert never.stats.checked == 0
+    always = Renderer(qwen, qwen3_template(), RendererConfig(check_sample_rate=1.0, seed=1))
+    assert fresh_turns(always, 12) == [True] * 12
+    assert (always.stats.checked, always.stats.bridged) == (12, 12)
+
+
+def test_check_sample_rate_between_checks_that_fraction_of_turns_by_seed(
+    qwen: Vocabulary,
+) -> None:
+    config = RendererConfig(check_sample_rate=0.1, seed=7)
+    drawn = fresh_turns(Renderer(qwen, qwen3_template(), config), 60)
+    assert 1 <= sum(drawn) <= 15
+    assert fresh_turns(Renderer(qwen, qwen3_template(), config), 60) == drawn  # seeded
+
+
+def test_renderer_config_bounds() -> None:
+    for rate in (0.0, 1.0):
+        assert RendererConfig(check_sample_rate=rate).check_sample_rate == rate
+    for rate in (-0.01, 1.01):
+        with pytest.raises(ValueError, match="check_sample_rate"):
+            RendererConfig(check_sample_rate=rate)
+    assert RendererConfig(context_cache_size=1).context_cache_size == 1
+    with pytest.raises(ValueError, match="context_cache_size"):
+        RendererConfig(context_cache_size=0)
+
+
+def test_render_full_is_the_templates_render_counted_under_the_callers_reason(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    renderer = Renderer(qwen, qwen3_template())
+    prompt = Prompt((Message.text("system", "s"), Message.text("user", "count me")), TOOLS)
+    rendered = renderer.render_full(prompt, "the adapter chose a full render")
+    assert isinstance(rendered.prompt, FullPrompt)
+    assert rendered.ids == list(rendered.prompt.ids) == hf_full_ids(hf, renderer.template, prompt)
+    assert rendered.prompt.reason == "the adapter chose a full render"
+    header = qwen.encode("<|im_start|>assistant\n")
+    assert rendered.prompt.generation_prompt_length == len(header)
+    assert rendered.ids[len(rendered.ids) - len(header) :] == header
+    assert renderer.stats.fallbacks == {"the adapter chose a full render": 1}
+    assert not rendered.checked
+    fits = renderer.render_full(prompt, "limit", max_tokens=len(rendered.ids))
+    assert fits.ids == rendered.ids
+    limit = len(rendered.ids) - 1
+    with pytest.raises(PromptTooLong, match=r"the prompt holds at least \d+ tokens") as refused:
+        renderer.render_full(prompt, "limit", max_tokens=limit)
+    assert refused.value.tokens > limit

@@ -8,8 +8,11 @@ Every prompt a session sends is compared with transformers' own render of the sa
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import transformers.utils.chat_template_utils as hf_templates
@@ -17,6 +20,7 @@ import transformers.utils.chat_template_utils as hf_templates
 from protocol_adapters._rendering import (
     ChatTemplate,
     FindingKind,
+    RenderedPrompt,
     Renderer,
     RendererConfig,
     TemplateMode,
@@ -35,6 +39,7 @@ from protocol_adapters._rendering.renderer import (
     TEMPLATE_DEVIATIONS,
     TEMPLATE_MODE,
 )
+from protocol_adapters._rendering.segments import MAX_SCAFFOLD_CHARS
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters._types import AdapterError
 from trajectory_tree import (
@@ -42,6 +47,7 @@ from trajectory_tree import (
     Completion,
     FinishReason,
     FullPrompt,
+    LossReason,
     Message,
     Prompt,
     SessionTree,
@@ -426,3 +432,242 @@ def test_every_turn_compares_the_previous_reply_with_the_templates_rendering_of_
     second = renderer.render(tree.route(later))
     assert isinstance(second.prompt, FullPrompt)
     assert "turn 0's generation prompt" in second.notes[PROMPT_MISMATCH]
+
+
+ASSISTANT_HEADER = "{{- '<|im_start|>assistant\\n' }}"
+HEADER_NAMES_THE_ROLE_BEFORE = "{{- '<|im_start|>assistant after ' + loop.previtem.role + '\\n' }}"
+GENERATION_NAMES_THE_LAST_ROLE = (
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant after ' + messages[-1].role + '\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("mode", [TemplateMode.EXACT, TemplateMode.FULL_RENDER])
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_the_generation_prompt_is_the_one_after_the_last_messages_role(
+    small: Vocabulary, mode: TemplateMode, rate: float
+) -> None:
+    """The assistant header names the role it follows, in history and in the generation
+    prompt alike (bridge-exact): a turn ending on a tool result gets a different generation
+    prompt from one ending on a user message, and each is sent and recorded as such."""
+    source = trait_template(generation=GENERATION_NAMES_THE_LAST_ROLE)
+    assert source.count(ASSISTANT_HEADER) == 1
+    chat = ChatTemplate(
+        "role-aware", source.replace(ASSISTANT_HEADER, HEADER_NAMES_THE_ROLE_BEFORE), SPECIAL
+    )
+    assert audit_template(chat).verdict is Verdict.BRIDGE_EXACT
+    config = RendererConfig(check_sample_rate=rate, mode=mode)
+    session = ChatSession(Renderer(small, chat, config), small)
+    agent_session(session)
+    assert_exact(session, chat)
+    for prompt, rendered in session.sent:
+        header = small.encode(f"<|im_start|>assistant after {prompt.messages[-1].role}\n")
+        assert rendered.ids[len(rendered.ids) - len(header) :] == header
+        if isinstance(rendered.prompt, BridgedPrompt):
+            assert list(rendered.prompt.generation_prompt) == header
+        else:
+            assert rendered.prompt.generation_prompt_length == len(header)
+    lasts = [prompt.messages[-1].role for prompt, _ in session.sent]
+    assert {"user", "tool"} <= set(lasts)
+    stats = session.renderer.stats
+    if mode is TemplateMode.EXACT:
+        assert (stats.bridged, stats.mismatches, stats.full_renders) == (7, 0, 0)
+
+
+def bridged(rendered: RenderedPrompt) -> BridgedPrompt:
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    return rendered.prompt
+
+
+def labels(small: Vocabulary, rendered: RenderedPrompt) -> list[tuple[str, LossReason]]:
+    return [(small.decode(s.ids), s.reason) for s in bridged(rendered).segments]
+
+
+def labelled_session(small: Vocabulary, chat: ChatTemplate) -> ChatSession:
+    """Three turns: parallel calls whose second result is empty, then a result, a system note,
+    an assistant message the client wrote and a user message in one request."""
+    session = serve(small, chat)
+    reply = session.turn([Message.text("user", "The test fails.")], output(commands=["ls", "pwd"]))
+    reply = session.turn(results(reply, "a.py x.py", ""), output("Noted.", commands=["pytest"]))
+    session.turn(
+        [
+            *results(reply, "1 failed"),
+            Message.text("system", "Hurry."),
+            Message.text("assistant", "I wrote this."),
+            Message.text("user", "go"),
+        ],
+        output("ok"),
+    )
+    assert_exact(session, chat)
+    return session
+
+
+TOOLS_BLOCK = (
+    '{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", '
+    '"parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}'
+)
+SCAFFOLD, CONTEXT, TOOL_OUTPUT = (
+    LossReason.TEMPLATE_SCAFFOLD,
+    LossReason.CONTEXT,
+    LossReason.TOOL_OUTPUT,
+)
+
+
+def test_every_masked_prompt_span_has_its_exact_reason(small: Vocabulary) -> None:
+    """Role headers and closing tags are scaffold, message content is context or tool output;
+    template text longer than a scaffold (the tools block before the first message) is context;
+    an empty result is all scaffold; an assistant message the client wrote is context whole."""
+    session = labelled_session(small, template("base"))
+    first, second, third = (r for _, r in session.sent)
+    assert labels(small, first) == [
+        (
+            f"<|endoftext|><|im_start|>system\n\n{TOOLS_BLOCK}<|im_end|>\n<|im_start|>user\n"
+            "The test fails.",
+            CONTEXT,
+        ),
+        ("<|im_end|>\n", SCAFFOLD),
+    ]
+    assert labels(small, second) == [
+        ("\n", SCAFFOLD),
+        ("<|im_start|>user\n<tool_response>\n", SCAFFOLD),
+        ("a.py x.py", TOOL_OUTPUT),
+        (
+            "\n</tool_response><|im_end|>\n<|im_start|>user\n<tool_response>\n\n"
+            "</tool_response><|im_end|>\n",
+            SCAFFOLD,
+        ),
+    ]
+    assert labels(small, third) == [
+        ("\n", SCAFFOLD),
+        ("<|im_start|>user\n<tool_response>\n", SCAFFOLD),
+        ("1 failed", TOOL_OUTPUT),
+        ("\n</tool_response><|im_end|>\n<|im_start|>system\n", SCAFFOLD),
+        ("Hurry.", CONTEXT),
+        ("<|im_end|>\n", SCAFFOLD),
+        ("<|im_start|>assistant\nI wrote this.<|im_end|>\n", CONTEXT),
+        ("<|im_start|>user\n", SCAFFOLD),
+        ("go", CONTEXT),
+        ("<|im_end|>\n", SCAFFOLD),
+    ]
+    # the tree keeps each span with its reason: the sample masks exactly those tokens as such
+    (sample,) = linearize(session.tree).samples
+    prompts = [bridged(r) for r in (first, second, third)]
+    generation = sum(len(p.generation_prompt) for p in prompts)
+    for reason in (SCAFFOLD, CONTEXT, TOOL_OUTPUT):
+        counted = sum(len(s.ids) for p in prompts for s in p.segments if s.reason is reason)
+        assert sample.masked_tokens()[reason] == counted + (generation if reason is SCAFFOLD else 0)
+
+
+RESULTS_ANSWER_CALLS = (
+    "{%- set found = namespace(call=false) %}"
+    "{%- for x in messages %}{%- for c in x.tool_calls or [] %}"
+    "{%- if c.id == m.tool_call_id %}{%- set found.call = true %}{%- endif %}"
+    "{%- endfor %}{%- endfor %}"
+    "{%- if not found.call %}{{- raise_exception('a tool result must answer a call') }}"
+    "{%- endif %}"
+)
+
+
+def test_labels_are_coarse_when_the_template_refuses_a_label_probe(small: Vocabulary) -> None:
+    """A template that refuses a tool result answering no call of its conversation refuses the
+    probe that renders a second parallel result alone: the turn is still bridged exactly, its
+    new messages labelled as one span: tool output when they are all results, else context."""
+    source = trait_template()
+    branch = "{%- elif m.role == 'tool' %}"
+    assert source.count(branch) == 1
+    chat = ChatTemplate(
+        "results-answer-calls", source.replace(branch, branch + RESULTS_ANSWER_CALLS), SPECIAL
+    )
+    session = serve(small, chat)
+    reply = session.turn([Message.text("user", "go")], output(commands=["ls", "pwd"]))
+    reply = session.turn(results(reply, "a.py", "/src"), output(commands=["cat a.py", "ls /"]))
+    session.turn([*results(reply, "x = 1", "bin"), Message.text("user", "and?")], output("done"))
+    assert_exact(session, chat)
+    _, both_results, results_and_user = (r for _, r in session.sent)
+    assert labels(small, both_results) == [
+        ("\n", SCAFFOLD),
+        (
+            "<|im_start|>user\n<tool_response>\na.py\n</tool_response><|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\n/src\n</tool_response><|im_end|>\n",
+            TOOL_OUTPUT,
+        ),
+    ]
+    assert labels(small, results_and_user) == [
+        ("\n", SCAFFOLD),
+        (
+            "<|im_start|>user\n<tool_response>\nx = 1\n</tool_response><|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\nbin\n</tool_response><|im_end|>\n"
+            "<|im_start|>user\nand?<|im_end|>\n",
+            CONTEXT,
+        ),
+    ]
+    assert session.renderer.stats.mismatches == 0
+
+
+USER_HEADER = "{{- '<|im_start|>user\\n' }}"
+
+
+@pytest.mark.parametrize(
+    ("length", "reason"), [(MAX_SCAFFOLD_CHARS, SCAFFOLD), (MAX_SCAFFOLD_CHARS + 1, CONTEXT)]
+)
+def test_template_text_longer_than_a_scaffold_is_context(
+    small: Vocabulary, length: int, reason: LossReason
+) -> None:
+    """A user header of 64 characters is scaffold; one character more and it is context, like
+    a system prompt or a tools block the template writes around a message."""
+    assert MAX_SCAFFOLD_CHARS == 64
+    header = "<|im_start|>user" + "~" * (length - len("<|im_start|>user\n")) + "\n"
+    assert len(header) == length
+    source = trait_template()
+    assert source.count(USER_HEADER) == 1
+    written = "{{- '" + header.removesuffix("\n") + "\\n' }}"  # a jinja2 string literal
+    chat = ChatTemplate("long-user-header", source.replace(USER_HEADER, written), SPECIAL)
+    session = serve(small, chat)
+    session.turn([Message.text("user", "go")], output("hi"))
+    session.turn([Message.text("user", "more")], output("ok"))
+    assert_exact(session, chat)
+    spans = (
+        [(header, SCAFFOLD), ("more", CONTEXT)]
+        if reason is SCAFFOLD
+        else [(header + "more", CONTEXT)]
+    )
+    assert labels(small, session.sent[1][1]) == [
+        ("\n", SCAFFOLD),
+        *spans,  # neighbours with one reason are one span
+        ("<|im_end|>\n", SCAFFOLD),
+    ]
+
+
+def test_the_templates_renders_per_turn_do_not_depend_on_the_call_ids(
+    small: Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes are cached by message kind, with probe call ids: real ids change every turn, so a
+    cache keyed by them would render the probes again on every turn. A session whose calls get
+    fresh ids renders the template as often per turn as one whose ids repeat."""
+    renders: list[str] = []
+    render_raw = ChatTemplate.render_raw
+
+    def counted(self: ChatTemplate, *args: Any, **kwargs: Any) -> str:
+        renders.append(self.name)
+        return render_raw(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatTemplate, "render_raw", counted)
+
+    def renders_per_turn(call_id: Callable[[], str] | None) -> list[int]:
+        renderer = Renderer(small, template("base"), RendererConfig(check_sample_rate=0.0))
+        session = ChatSession(renderer, small)
+        if call_id is not None:
+            session.call_id = call_id
+        reply = session.turn([Message.text("user", "go")], output("start", commands=["ls", "pwd"]))
+        counts = []
+        for i in range(3):
+            before = len(renders)
+            new = results(reply, f"a{i}", f"b{i}")
+            reply = session.turn(new, output(f"step {i}", commands=["ls", "pwd"]))
+            counts.append(len(renders) - before)
+        assert_exact(session, template("base"))
+        return counts
+
+    fresh = renders_per_turn(None)
+    assert fresh == renders_per_turn(itertools.cycle(["call_a", "call_b"]).__next__)
+    assert fresh[1:] == fresh[1:2] * 2, "a steady cost per turn"
