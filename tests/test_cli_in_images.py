@@ -1,7 +1,7 @@
 """The real agent CLIs in a sandbox on a task's own root file system, through the real adapter,
-as harness runs them: the install bind-mounted read-only, Claude Code started through the
-host's loader (the image's libc is not the host's, or there is none), Codex's static binary as
-it is, no shell in between.
+as harness runs them: the install bind-mounted read-only, Claude Code started as it is where the
+image's own libc runs it (as a deployment runs it: default tools) and through the host's loader
+where it cannot (no libc there), Codex's static binary as it is, no shell in between.
 
 In a Debian root (its own libc, bash, grep, git; the task's repository at /testbed, made the
 workspace in place) each CLI searches with grep and find, reads and fixes calc.py with its own
@@ -224,7 +224,9 @@ async def test_claude_code_fixes_the_task_in_a_debian_image(
     agent = ClaudeFixes(qwen_vocabulary)
     done = await run_in_image(ClaudeCode(), claude_code_cli, agent, image, tmp_path)
     assert_clean(done, agent)
-    assert done.command[0] == LOADER
+    assert done.command[0] == LOADER  # what the sandbox offers; the image's libc was enough:
+    assert done.run.argv[0] == str(CliMount.under(claude_code_cli).program_path)
+    assert "--disallowedTools" not in done.run.argv
     search, read, edit, report = agent.seen
     assert all(line in search for line in FOUND), search  # the image's grep and find
     assert "return a - b" in read
@@ -257,7 +259,7 @@ async def test_claude_code_answers_in_an_image_with_nothing_but_a_static_program
     agent = ClaudeWritesNote(qwen_vocabulary)
     done = await run_in_image(ClaudeCode(), claude_code_cli, agent, image, tmp_path)
     assert_clean(done, agent)
-    assert done.command[0] == LOADER
+    assert done.command[0] == done.run.argv[0] == LOADER  # no libc in the image: the host's
     written, read = agent.seen
     assert "note.txt" in written
     assert NOTE.strip() in read

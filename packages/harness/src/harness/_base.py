@@ -99,6 +99,8 @@ class Harness(ABC):
             raise LaunchError("empty task")
         program = cli.program_path
         command = sandbox.host_program_argv(str(program))
+        if len(command) > 1 and await _runs_as_it_is(sandbox, str(program)):
+            command = (str(program),)
         state_dir = state_root / f"{self.name}-{uuid.uuid4().hex}"
         plan = self.launch(bin_path=program, endpoint=endpoint, task=task, state_dir=state_dir)
         if plan.argv[0] == str(program):
@@ -118,6 +120,26 @@ class Harness(ABC):
             # one runs on the host: never leave per-run homes behind there.
             with contextlib.suppress(SandboxError):
                 await sandbox.run_python(_REMOVE_TREE, [str(state_dir)], timeout=60)
+
+
+#: How long the probe of a CLI started as it is on an image may take (a cold start of a
+#: 380 MB native build on a busy node included).
+NATIVE_PROBE_TIMEOUT = 60.0
+
+
+async def _runs_as_it_is(sandbox: Sandbox, program: str) -> bool:
+    """Whether the image's own loader and libraries run `program` (`--version` exits 0).
+
+    Started as it is, the CLI is exactly what a deployment runs: its tools, their
+    descriptions and the programs it re-executes as itself are its defaults. Through the
+    host's loader (an image with another libc, an older one, or none) it needs adapting
+    (`started_by`), and the model sees that difference: so the loader is the fallback."""
+    try:
+        probe = await sandbox.start_argv((program, "--version"))
+        result = await probe.wait(NATIVE_PROBE_TIMEOUT)
+    except SandboxError:
+        return False
+    return result.exit_code == 0 and not result.timed_out
 
 
 class NpmHarness(Harness):

@@ -46,6 +46,8 @@ class AgentRun:
     limits_hit: tuple[str, ...] = ()
     """Sandbox limits hit while the CLI ran (`ExecResult.limits_hit`); "max_output_bytes" means
     the event stream in `events_path` is cut short."""
+    argv: tuple[str, ...] = ()
+    """The command the CLI was started with (through the host's loader or as it is)."""
 
     @property
     def ok(self) -> bool:
@@ -108,6 +110,7 @@ async def run_launch(
         stderr_tail=_tail(stderr_path),
         stats=stats,
         limits_hit=result.limits_hit,
+        argv=tuple(launch.argv),
     )
 
 
