@@ -35,13 +35,13 @@ from slime_backend.testing import StandInSample, slime_args, slime_sampling_para
 from swe_rl.errors import UsageError
 from swe_rl.rollout import ConfiguredEpisode
 from swe_rl.run import GenerateSource, Run, abort_counts, plan
-from swe_rl.task_file import TaskRow, read_task_file
+from swe_rl.task_file import command_rows
 from swe_rl.viewer import write_viewer
 
 
 async def run_rollout(args: argparse.Namespace) -> int:
     console = Console()
-    rows = _rows(args.tasks, console)
+    rows = command_rows(args.tasks, console)
     checkpoint = _checkpoint(args.checkpoint)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -97,20 +97,6 @@ async def run_rollout(args: argparse.Namespace) -> int:
     for problem in result.write_errors:
         console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
     return 130 if result.interrupted else 1 if result.write_errors else 0
-
-
-def _rows(path: Path, console: Console) -> list[TaskRow]:
-    try:
-        tasks = read_task_file(path)
-    except OSError as error:
-        raise UsageError(f"cannot read {path}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text") from None
-    for problem in tasks.errors:
-        console.print(f"[yellow]skipped[/] {path.name} {problem}", highlight=False)
-    if not tasks.rows:
-        raise UsageError(f"{path} has no usable task rows")
-    return list(tasks.rows)
 
 
 def _checkpoint(directory: Path) -> Checkpoint:

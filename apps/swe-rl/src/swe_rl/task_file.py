@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from swe_rl.errors import UsageError
 from swe_rl.task import SweTask, TaskError, parse_task
 
 
@@ -93,3 +96,19 @@ def _row(number: int, line: str) -> TaskRow:
     if not isinstance(reference, dict):
         raise TaskError("reference", "must be an object (the reference solution)")
     return TaskRow(number, prompt, metadata, task, reference)
+
+
+def command_rows(path: Path, console: Console) -> list[TaskRow]:
+    """A command's task rows: each unusable row printed as skipped with its reason; a file
+    that cannot be read, or has no usable row, is the user's error."""
+    try:
+        tasks = read_task_file(path)
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+    for problem in tasks.errors:
+        console.print(f"[yellow]skipped[/] {path.name} {problem}", highlight=False)
+    if not tasks.rows:
+        raise UsageError(f"{path} has no usable task rows")
+    return list(tasks.rows)

@@ -13,13 +13,13 @@ from rich.table import Table
 from sandbox import LocalBackend, LocalConfig
 from swe_rl.environment import image_cache_config
 from swe_rl.errors import UsageError
-from swe_rl.task_file import TaskRow, read_task_file
+from swe_rl.task_file import command_rows
 from swe_rl.validate import ValidateConfig, Validation, Validator, passing_lines, validate_rows
 
 
 async def run_validate(args: argparse.Namespace) -> int:
     console = Console()
-    rows = _rows(args.tasks, console)
+    rows = command_rows(args.tasks, console)
     if shutil.which("bwrap") is None:
         raise UsageError("validate runs every task in a bubblewrap sandbox: install bubblewrap")
     state: Path = args.state or args.tasks.with_suffix(".validate-state.jsonl")
@@ -97,17 +97,3 @@ def _reward(value: float | None, *, want: float) -> str:
 
 def _short(reason: str, width: int = 90) -> str:
     return reason if len(reason) <= width else reason[: width - 3] + "..."
-
-
-def _rows(path: Path, console: Console) -> list[TaskRow]:
-    try:
-        tasks = read_task_file(path)
-    except OSError as error:
-        raise UsageError(f"cannot read {path}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text") from None
-    for problem in tasks.errors:
-        console.print(f"[yellow]skipped[/] {path.name} {problem}", highlight=False)
-    if not tasks.rows:
-        raise UsageError(f"{path} has no usable task rows")
-    return list(tasks.rows)
