@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from protocol_adapters._parsing import BuiltinReplyParser
@@ -23,13 +25,22 @@ from protocol_adapters._rendering import (
     PromptTooLong,
     Renderer,
     RendererConfig,
+    TemplateMode,
     qwen3_template,
 )
 from protocol_adapters._rendering.check import Place, _whole
-from protocol_adapters._rendering.renderer import ENDS_ON_REPLY, OUTPUT_KEPT, PROMPT_MISMATCH
+from protocol_adapters._rendering.conversation import Slot, TemplateContext
+from protocol_adapters._rendering.renderer import (
+    ENDS_ON_REPLY,
+    KEPT_EARLIER,
+    OUTPUT_KEPT,
+    PROMPT_MISMATCH,
+    TEMPLATE_MODE,
+)
+from protocol_adapters._rendering.segments import common_prefix_at, label_text
 from protocol_adapters._rendering.template_messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-from protocol_adapters._types import AdapterError
+from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import (
     BridgedPrompt,
     Completion,
@@ -46,6 +57,8 @@ from trajectory_tree import (
     ToolSpec,
     linearize,
 )
+
+from .template_session import ChatSession, results
 
 TOOLS = (
     ToolSpec(
@@ -418,3 +431,169 @@ def test_render_full_is_the_templates_render_counted_under_the_callers_reason(
     with pytest.raises(PromptTooLong, match=r"the prompt holds at least \d+ tokens") as refused:
         renderer.render_full(prompt, "limit", max_tokens=limit)
     assert refused.value.tokens > limit
+
+
+def test_a_mode_given_by_name_is_that_mode(qwen: Vocabulary) -> None:
+    """Configuration read from text (a command line, a file) names the mode: it is served as
+    the mode itself."""
+    config = RendererConfig(mode="full-render")  # type: ignore[arg-type]
+    assert config.mode is TemplateMode.FULL_RENDER
+    rendered = Renderer(qwen, qwen3_template(), config).render(
+        SessionTree().route(Prompt((Message.text("user", "go"),), TOOLS))
+    )
+    assert isinstance(rendered.prompt, FullPrompt)
+    assert rendered.notes[TEMPLATE_MODE] == "full-render"
+
+
+def test_a_conversation_without_messages_is_the_clients_error(qwen: Vocabulary) -> None:
+    renderer = Renderer(qwen, qwen3_template())
+    with pytest.raises(AdapterError, match="no messages") as refused:
+        renderer.render(SessionTree().route(Prompt((), TOOLS)))
+    assert refused.value.kind is ErrorKind.INVALID_REQUEST
+
+
+def test_a_retried_first_request_is_its_generation_prompt_on_the_recorded_prefix(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    """The client sends its first request again (a retry): every message is on the path, none
+    is new, and the prefix does not end on a reply, so only the generation prompt is added."""
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    session = Session(renderer, qwen)
+    session.turn([Message.text("user", "go")], "hello")
+    first = Prompt(tuple(session.messages[:1]), TOOLS)
+    route = session.tree.route(first)
+    assert (route.new_messages, route.previous_generated) == ((), None)
+    rendered = renderer.render(route)
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    assert list(rendered.prompt.segments) == []
+    assert qwen.decode(rendered.prompt.generation_prompt) == "<|im_start|>assistant\n"
+    assert rendered.ids == hf_full_ids(hf, renderer.template, first)
+
+
+def test_a_bridged_prompt_is_refused_exactly_past_the_limit(qwen: Vocabulary) -> None:
+    """The prefix, the closing scaffold and the generation prompt count against the limit as
+    much as the new messages: at the prompt's length it is served, one token less is refused
+    with a count above the limit, and so is a limit the parts around the new messages fill."""
+    renderer = Renderer(qwen, qwen3_template())
+    session = Session(renderer, qwen)
+    _, _, reply = session.turn(
+        [Message.text("user", "go")], qwen_output("", "", [("bash", {"command": "ls"})])
+    )
+    route = session.tree.route(
+        Prompt((*session.messages, tool_result(reply, 0, "a.py b.py")), TOOLS)
+    )
+    rendered = renderer.render(route)
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    scaffold = rendered.prompt.segments[0]
+    assert scaffold.reason is LossReason.TEMPLATE_SCAFFOLD
+    around = route.prefix_length + len(scaffold.ids) + len(rendered.prompt.generation_prompt)
+    assert renderer.render(route, max_tokens=len(rendered.ids)).ids == rendered.ids
+    for limit in (len(rendered.ids) - 1, around):
+        with pytest.raises(PromptTooLong) as refused:
+            renderer.render(route, max_tokens=limit)
+        assert refused.value.tokens > limit
+
+
+def test_count_tokens_refuses_past_the_limit(qwen: Vocabulary) -> None:
+    renderer = Renderer(qwen, qwen3_template())
+    prompt = Prompt((Message.text("system", "s"), Message.text("user", "count me")), TOOLS)
+    tokens = renderer.count_tokens(prompt)
+    assert renderer.count_tokens(prompt, max_tokens=tokens) == tokens
+    with pytest.raises(PromptTooLong) as refused:
+        renderer.count_tokens(prompt, max_tokens=tokens - 1)
+    assert refused.value.tokens > tokens - 1
+
+
+def test_a_tool_result_answering_no_call_is_rendered(
+    qwen: Vocabulary, hf: PreTrainedTokenizerFast
+) -> None:
+    """A result whose call is nowhere in the conversation (the client trimmed it): looking for
+    the call's name stops at the first message, and the request renders as the template
+    renders it."""
+    renderer = Renderer(qwen, qwen3_template(), CHECK_ALL)
+    orphan = Message("tool", (Text("late output"),), tool_call_id="call_gone")
+    prompt = Prompt((Message.text("user", "go"), orphan), TOOLS)
+    rendered = renderer.render(SessionTree().route(prompt))
+    assert rendered.ids == hf_full_ids(hf, renderer.template, prompt)
+
+
+KEPT = "turn 0's output is kept verbatim where the template renders its reply differently"
+COMPACT_CALL = '<tool_call>\n{"name":"bash","arguments":{"command":"ls"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("output", ["\n\nhello", COMPACT_CALL], ids=["newlines-first", "compact"])
+def test_an_unchecked_turn_notes_a_reply_the_model_wrote_unlike_the_template(
+    qwen: Vocabulary, output: str
+) -> None:
+    """No sampled check: the previous reply alone is compared with the template's rendering
+    of it. A difference from the reply's first character on is the model's own output (kept
+    verbatim and served), never the generation prompt's; later turns carry the note too."""
+    renderer = Renderer(qwen, qwen3_template(), RendererConfig(check_sample_rate=0.0))
+    session = ChatSession(renderer, qwen)
+    reply = session.turn([Message.text("user", "go")], output)
+    new = results(reply, "a.py") if reply.tool_calls else [Message.text("user", "more")]
+    session.turn(new, "ok")
+    session.turn([Message.text("user", "and now?")], "done")
+    (_, first), (_, second), (_, third) = session.sent
+    assert [type(r.prompt) for r in (first, second, third)] == [BridgedPrompt] * 3
+    assert OUTPUT_KEPT not in first.notes
+    assert second.notes[OUTPUT_KEPT].startswith(KEPT)
+    assert third.notes[OUTPUT_KEPT] == KEPT_EARLIER
+    stats = renderer.stats
+    assert (stats.bridged, stats.checked, stats.kept_outputs, stats.full_renders) == (3, 0, 1, 0)
+
+
+def test_an_unchecked_turn_notes_a_reply_the_client_echoed_otherwise(qwen: Vocabulary) -> None:
+    """The client echoes the reply without its reasoning (the same message to routing): the
+    template renders that echo unlike what the model wrote, and the note says the client did."""
+    renderer = Renderer(qwen, qwen3_template(), RendererConfig(check_sample_rate=0.0))
+    session = ChatSession(renderer, qwen)
+    reply = session.turn([Message.text("user", "go")], qwen_output("hello", "plan it"))
+    assert reply.reasoning
+    session.messages[-1] = Message("assistant", (Text("hello"),))
+    session.turn([Message.text("user", "more")], "ok")
+    rendered = session.sent[-1][1]
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    assert rendered.notes[OUTPUT_KEPT].startswith(
+        "the client echoed turn 0's reply re-serialized or trimmed"
+    )
+    assert renderer.stats.kept_outputs == 1
+
+
+@given(text=st.text("ab", max_size=10), piece=st.text("ab", max_size=10), data=st.data())
+def test_common_prefix_at_is_the_longest_prefix_of_the_piece_found_there(
+    text: str, piece: str, data: st.DataObject
+) -> None:
+    start = data.draw(st.integers(0, len(text)))
+    longest = 0
+    while longest < len(piece) and text[start + longest : start + longest + 1] == piece[longest]:
+        longest += 1
+    assert common_prefix_at(text, start, piece) == longest
+
+
+PLAIN = ChatTemplate(
+    "plain",
+    "{%- for m in messages %}{{- m.content + '\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '> ' }}{%- endif %}",
+    {},
+)
+
+
+def test_labels_cover_the_text_from_a_first_character_of_content_to_its_end() -> None:
+    """A template without headers puts the first message's content at the very start, where a
+    one-character content is still content; the last label runs to the end of the text
+    whatever follows the last message there."""
+    user = Message.text("user", "x")
+    context = TemplateContext(PLAIN, Prompt((user,)))
+    assert label_text(context, [None], [user], "x\n", {}) == [
+        (1, LossReason.CONTEXT),
+        (2, LossReason.TEMPLATE_SCAFFOLD),
+    ]
+    two = [user, Message.text("user", "yz")]
+    spans = label_text(context, [None, Slot("user")], two, "x\nyz\n~~", {})
+    assert spans == [
+        (1, LossReason.CONTEXT),
+        (2, LossReason.TEMPLATE_SCAFFOLD),
+        (4, LossReason.CONTEXT),
+        (7, LossReason.TEMPLATE_SCAFFOLD),
+    ]

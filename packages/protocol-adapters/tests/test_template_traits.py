@@ -9,6 +9,7 @@ Every prompt a session sends is compared with transformers' own render of the sa
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -35,11 +36,13 @@ from protocol_adapters._rendering.renderer import (
     OUTPUT_KEPT,
     PROBE_REFUSED,
     PROMPT_MISMATCH,
+    REASONING_KEPT,
     TEMPLATE_CLOCK,
     TEMPLATE_DEVIATIONS,
     TEMPLATE_MODE,
 )
 from protocol_adapters._rendering.segments import MAX_SCAFFOLD_CHARS
+from protocol_adapters._rendering.template_messages import template_messages
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters._types import AdapterError
 from trajectory_tree import (
@@ -51,12 +54,16 @@ from trajectory_tree import (
     Message,
     Prompt,
     SessionTree,
+    Text,
+    ToolCall,
+    ToolSpec,
     linearize,
     summarize,
 )
 
 from .template_session import (
     SPECIAL,
+    TOOLS,
     ChatSession,
     agent_session,
     output,
@@ -297,8 +304,11 @@ def test_a_template_that_refuses_parallel_calls(small: Vocabulary) -> None:
     agent_session(session)
     assert_exact(session, chat)
     reply = session.turn([Message.text("user", "Two at once.")], output(commands=["ls", "pwd"]))
-    with pytest.raises(AdapterError, match="only one tool call per turn"):
+    with pytest.raises(AdapterError, match="only one tool call per turn") as refused:
         session.turn(results(reply, "a", "b"), "ok")
+    assert str(refused.value).startswith(
+        "the chat template refuses assistant turns with several tool calls"
+    )
 
 
 def test_a_header_appended_to_every_render_needs_full_renders(small: Vocabulary) -> None:
@@ -671,3 +681,259 @@ def test_the_templates_renders_per_turn_do_not_depend_on_the_call_ids(
     fresh = renders_per_turn(None)
     assert fresh == renders_per_turn(itertools.cycle(["call_a", "call_b"]).__next__)
     assert fresh[1:] == fresh[1:2] * 2, "a steady cost per turn"
+
+
+TOOL_RESULT_OPENING = "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
+NAMING_RESULTS = "{{- '<|im_start|>user\\n<tool_response from=' + m.name + '>\\n' + m.content }}"
+READ = ToolSpec("read", "Read a file.", '{"type": "object"}')
+
+
+def call_output(name: str, arguments: dict[str, str]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def test_a_tool_result_is_named_after_the_call_it_answers_wherever_that_call_is(
+    small: Vocabulary,
+) -> None:
+    """A template that prints each result's function name: a result is named after its call,
+    whether that call is in the same request (a call the client wrote), in the reply just
+    before, or back in the conversation's first message; every prompt is bridged and equals
+    the template's render."""
+    source = trait_template()
+    assert source.count(TOOL_RESULT_OPENING) == 1
+    chat = ChatTemplate(
+        "naming-results", source.replace(TOOL_RESULT_OPENING, NAMING_RESULTS), SPECIAL
+    )
+    renderer = Renderer(small, chat, RendererConfig(check_sample_rate=0.0))
+    session = ChatSession(renderer, small, tools=(*TOOLS, READ))
+    opening = Message("assistant", (ToolCall("call_0", "read", '{"path": "notes"}'),))
+    reply = session.turn(
+        [opening, Message.text("user", "go")], call_output("bash", {"command": "ls"})
+    )
+    reply = session.turn(results(reply, "a.py"), call_output("read", {"path": "a.py"}))
+    session.turn([*results(reply, "x = 1"), Message.text("user", "ok?")], output("Noted."))
+    client_call = Message("assistant", (ToolCall("call_c", "bash", '{"command": "pwd"}'),))
+    session.turn([client_call, *results(client_call, "/src")], output("Fine."))
+    late = Message("tool", (Text("notes: none"),), tool_call_id="call_0")
+    session.turn([late], output("Done."))
+    assert_exact(session, chat)
+    assert renderer.stats.full_renders == 0
+    named = {
+        (m["tool_call_id"], m["name"])
+        for prompt, _ in session.sent
+        for m in template_messages(prompt.messages)
+        if m["role"] == "tool"
+    }
+    assert named == {
+        (session.messages[2].tool_calls[0].id, "bash"),
+        (session.messages[4].tool_calls[0].id, "read"),
+        ("call_c", "bash"),
+        ("call_0", "read"),
+    }
+
+
+def test_a_request_following_a_lone_leading_system_prompt_is_bridged(small: Vocabulary) -> None:
+    """A first request held only the system prompt; the next starts over from it with a user
+    message. The bridge renders that message after a probe that opens with a system prompt,
+    as the real one does: a template refusing system messages anywhere else accepts it."""
+    chat = template("system-first", later_system=SYSTEM_FIRST_ONLY)
+    session = serve(small, chat)
+    system = Message.text("system", "You fix bugs.")
+    session.turn([system], output("Ready."))
+    session.messages[:] = [system]
+    session.turn([Message.text("user", "The test fails.")], output("Looking."))
+    assert_exact(session, chat)
+    _, restart = session.sent[-1]
+    assert isinstance(restart.prompt, BridgedPrompt)
+    assert session.renderer.stats.full_renders == 0
+
+
+AFTER_TEXT_OR_CALL = (
+    "{{- '<|im_start|>user\\n' + ('after text ' if loop.previtem.content else '')"
+    " + '<tool_response>\\n' + m.content }}"
+)
+
+
+def test_results_rendered_by_whether_the_call_came_with_text_are_bridged(
+    small: Vocabulary,
+) -> None:
+    """The template writes a result differently after a reply with text than after a call
+    alone: the probe before the results has text exactly when the real reply has."""
+    source = trait_template().replace(TOOL_RESULT_OPENING, AFTER_TEXT_OR_CALL)
+    chat = ChatTemplate("after-text-or-call", source, SPECIAL)
+    session = serve(small, chat)
+    reply = session.turn([Message.text("user", "go")], output("Let me look.", commands=["ls"]))
+    reply = session.turn(results(reply, "a.py"), output(commands=["cat a.py"]))
+    session.turn(results(reply, "x = 1"), output("Done."))
+    assert_exact(session, chat)
+    stats = session.renderer.stats
+    assert (stats.bridged, stats.mismatches, stats.full_renders) == (3, 0, 0)
+
+
+USER_CLOSING = "{{- m.content + '<|im_end|>\\n' }}"
+OPEN_LAST_USER = (
+    "{{- m.content + ('' if add_generation_prompt and loop.last else '<|im_end|>\\n') }}"
+)
+
+
+def test_a_generation_prompt_that_is_not_an_append_is_history_in_a_full_render(
+    small: Vocabulary,
+) -> None:
+    """The template leaves the last user message open when it generates: what it adds is not
+    an append, so a full render counts all of its text as history (no generation prompt)."""
+    source = trait_template()
+    assert source.count(USER_CLOSING) == 1
+    chat = ChatTemplate("open-last-user", source.replace(USER_CLOSING, OPEN_LAST_USER), SPECIAL)
+    assert audit_template(chat).verdict is Verdict.FULL_RENDER_ONLY
+    session = serve(small, chat, TemplateMode.FULL_RENDER)
+    session.turn([Message.text("user", "go")], output("hi"))
+    session.turn([Message.text("user", "more")], output("ok"))
+    assert_exact(session, chat)
+    for _, rendered in session.sent:
+        assert isinstance(rendered.prompt, FullPrompt)
+        assert rendered.prompt.generation_prompt_length == 0
+
+
+NAME_REQUIRED = (
+    "{%- if m.name is not defined %}\n"
+    "            {{- raise_exception('a tool result needs the name of its function') }}\n"
+    "        {%- endif %}"
+)
+
+
+def test_a_reasoning_dropping_template_notes_the_first_reply_it_drops(small: Vocabulary) -> None:
+    """A template whose one trait is dropping earlier reasoning once a user message follows:
+    the very next prompt keeps the first reply's reasoning as generated, and says so."""
+    source = trait_template(reasoning_shown=REASONING_AFTER_LAST_USER_ONLY)
+    assert source.count(NAME_REQUIRED) == 1
+    chat = ChatTemplate("drops-reasoning-only", source.replace(NAME_REQUIRED, ""), SPECIAL)
+    audit = audit_template(chat)
+    assert [f.kind for f in audit.findings] == [FindingKind.DEVIATION]
+    config = RendererConfig(check_sample_rate=0.0, mode=TemplateMode.ACCEPT_DEVIATIONS)
+    session = ChatSession(Renderer(small, chat, config), small)
+    session.turn([Message.text("user", "go")], output("hi", "plan it"))
+    session.turn([Message.text("user", "more")], output("ok"))
+    (_, first), (_, second) = session.sent
+    assert OUTPUT_KEPT not in first.notes
+    assert second.notes[OUTPUT_KEPT] == REASONING_KEPT
+
+
+def test_labels_find_content_past_its_header_and_size_the_text_after_it(small: Vocabulary) -> None:
+    """A message whose words are its own header's ("user") is found after the header, not in
+    it; the short closing after a long message is scaffold, whatever the message's length."""
+    session = serve(small, template("base"))
+    session.turn([Message.text("user", "go")], output("hi"))
+    session.turn([Message.text("user", "user")], output("ok"))
+    long = "a long message " * 6
+    session.turn([Message.text("user", long)], output("fine"))
+    assert_exact(session, template("base"))
+    _, named_like_its_header, lengthy = (r for _, r in session.sent)
+    for rendered, words in ((named_like_its_header, "user"), (lengthy, long)):
+        assert labels(small, rendered) == [
+            ("\n", SCAFFOLD),
+            ("<|im_start|>user\n", SCAFFOLD),
+            (words, CONTEXT),
+            ("<|im_end|>\n", SCAFFOLD),
+        ]
+
+
+LONG_RESULT_TAG = "<tool_response " + "~" * 60 + ">"
+
+
+def test_template_text_longer_than_a_scaffold_before_a_result_is_tool_output(
+    small: Vocabulary,
+) -> None:
+    """Long template text before a tool result takes the result's reason, as long text before
+    any message after the first takes that message's."""
+    opening = TOOL_RESULT_OPENING.replace("<tool_response>", LONG_RESULT_TAG)
+    chat = ChatTemplate(
+        "long-result-tag", trait_template().replace(TOOL_RESULT_OPENING, opening), SPECIAL
+    )
+    session = serve(small, chat)
+    reply = session.turn([Message.text("user", "go")], output(commands=["ls"]))
+    session.turn(results(reply, "a.py"), output("ok"))
+    assert_exact(session, chat)
+    assert labels(small, session.sent[1][1]) == [
+        ("\n", SCAFFOLD),
+        (f"<|im_start|>user\n{LONG_RESULT_TAG}\na.py", TOOL_OUTPUT),
+        ("\n</tool_response><|im_end|>\n", SCAFFOLD),
+    ]
+
+
+COMPACT_LS = '<tool_call>\n{"name":"bash","arguments":{"command":"ls"}}\n</tool_call>'
+
+
+def test_the_first_reply_is_compared_after_the_message_it_answers(small: Vocabulary) -> None:
+    """The assistant header names the role before it: the first reply (the second message) is
+    rendered after a probe ending like the first message, so the unchecked comparison finds
+    only what the model wrote unlike the template (compact JSON), not a header."""
+    source = trait_template(generation=GENERATION_NAMES_THE_LAST_ROLE)
+    chat = ChatTemplate(
+        "role-aware", source.replace(ASSISTANT_HEADER, HEADER_NAMES_THE_ROLE_BEFORE), SPECIAL
+    )
+    session = ChatSession(Renderer(small, chat, RendererConfig(check_sample_rate=0.0)), small)
+    reply = session.turn([Message.text("user", "go")], COMPACT_LS)
+    session.turn(results(reply, "a.py"), output("ok"))
+    rendered = session.sent[-1][1]
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    assert rendered.notes[OUTPUT_KEPT].startswith("turn 0's output is kept verbatim")
+
+
+CITING_USER_HEADER = (
+    "{{- '<|im_start|>user' + ((' re ' + messages[0].content) if cite is defined and cite"
+    " else '') + '\\n' }}"
+)
+BLANK_LINE_USER_HEADER = "{{- '\\n<|im_start|>user\\n' }}"
+
+
+def second_turn(small: Vocabulary, chat: ChatTemplate, **options: str) -> RenderedPrompt:
+    """The prompt of a second user message after a first reply, checked against a full render."""
+    renderer = Renderer(small, chat, RendererConfig(check_sample_rate=1.0))
+    tree = SessionTree()
+    first = Prompt((Message.text("user", "fix it"),), (), options)
+    route = tree.route(first)
+    rendered = renderer.render(route)
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    ids = [*small.encode("done"), small.token_id("<|im_end|>")]
+    reply = Message.text("assistant", "done")
+    completion = Completion(ids, [-0.1] * len(ids), FinishReason.STOP)
+    tree.record(route, rendered.prompt, completion, reply)
+    later = Prompt((*first.messages, reply, Message.text("user", "again")), (), options)
+    second = renderer.render(tree.route(later))
+    assert isinstance(second.prompt, FullPrompt)
+    assert second.prompt.reason == FAILED_CHECK
+    assert second.ids == reference_ids(small, chat.source, later, SPECIAL, **options)
+    return second
+
+
+@pytest.mark.parametrize(
+    ("header", "options", "reason"),
+    [
+        pytest.param(
+            CITING_USER_HEADER,
+            {"cite": "true"},
+            "the new messages or the closing before them differ from the full render's end",
+            id="text",
+        ),
+        pytest.param(
+            BLANK_LINE_USER_HEADER,
+            {},
+            "the new messages tokenize differently at the end of the full render",
+            id="tokens",
+        ),
+    ],
+)
+def test_the_check_names_new_messages_the_bridge_got_wrong(
+    small: Vocabulary, header: str, options: dict[str, str], reason: str
+) -> None:
+    """Two faults in the new messages the audit cannot see: a header quoting the first message
+    under an option it never tries (the probe's first message is not the real one), and a
+    header opening with a newline that merges, in the template's own encoding, with the
+    newline owed after the previous reply. The turn is rendered in full, and its note says
+    which."""
+    source = trait_template()
+    assert source.count(USER_HEADER) == 1
+    chat = ChatTemplate("faulty-user-header", source.replace(USER_HEADER, header), SPECIAL)
+    assert audit_template(chat).verdict is Verdict.BRIDGE_EXACT
+    second = second_turn(small, chat, **options)
+    assert second.notes[PROMPT_MISMATCH].startswith(reason)

@@ -228,7 +228,7 @@ class TemplateContext:
         key = (previous.generic() if previous is not None else None, role)
         if key not in self._headers:
             base_text = self.base_text(key[0])
-            probe = probe_message(Slot(role, leading=key[0] is None and role == "system"))
+            probe = probe_message(Slot(role))
             text = self.render_after(key[0], (probe,), gen=False)
             at = text.find(SENTINEL, len(base_text))
             header = text[len(base_text) : at] if at >= 0 and text.startswith(base_text) else None

@@ -106,7 +106,7 @@ def _label_text(
         if header is not None and text.startswith(header, start):
             content_from = start + len(header)
         content = message.plain_text if message.role != "assistant" else ""
-        at = text.find(content, content_from, end) if content else -1
+        at = text.find(content, content_from, end)
         if message.role == "assistant" or (content and at < 0):
             spans.append((end, reason))
         else:
