@@ -9,9 +9,8 @@ files, built the same way:
 
 - the SWE-bench-shaped task (`fixtures/swebench/`): the repository at /testbed, committed
   with fixed dates so its base commit is the one the fixture row names;
-- the Harbor-shaped task (`fixtures/harbor/`): its working directory /app, a git repository
-  (the change is captured against it: an image's working directory with no repository has no
-  base to capture against).
+- the Harbor-shaped task (`fixtures/harbor/`): its working directory /app, plain files as most
+  Harbor images have it, and the same with /app a git repository.
 
 They are used as root file systems (`{"rootfs": dir}` environments) under the names the
 converters give a local image (`swebench_sweb.eval.x86_64.<key>_latest`, ...).

@@ -155,18 +155,43 @@ async def test_an_episode_in_its_image_grades_the_agents_change(
     assert (b"+    return a + b" in patch) is (reward == 1.0)
 
 
-async def test_an_image_whose_workdir_is_no_repository_aborts_before_the_agent_runs(
-    tmp_path: Path,
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "reward"),
+    [("sed -i 's/a - b/a + b/' adder.py\n", 1.0), ("exit 0\n", 0.0)],
+    ids=["fix", "no-change"],
+)
+async def test_an_image_whose_workdir_is_plain_files_grades_the_change_against_them(
+    tmp_path: Path, script: str, reward: float
 ) -> None:
+    """Most Harbor images keep their task's files in a plain directory: the change is
+    captured against those files as the image has them, and graded from them."""
     root = harbor_image_without_repository()
     metadata = convert_task(FIXTURES / "harbor" / "calc-task", HarborOptions())["metadata"]
     metadata["environment"] = {"rootfs": str(root), "workdir": "/app"}
+    outcome = await run_episode(metadata, tmp_path, script)
+    assert outcome.status is EpisodeStatus.COMPLETED, outcome.reason
+    assert outcome.reward == reward
+    patch = (Path(str(outcome.artifacts["dir"])) / "diff.patch").read_bytes()
+    assert (b"+    return a + b" in patch) is (reward == 1.0)
+    assert b"a/adder.py" in patch or reward == 0.0
+
+
+async def test_an_image_at_another_commit_than_the_tasks_base_aborts_before_the_agent_runs(
+    tmp_path: Path,
+) -> None:
+    """A SWE-bench image whose repository is checked out elsewhere is not the task's
+    environment: graded there, the gold patch may fail and the empty change pass."""
+    swebench_image()
+    options = ConversionOptions(**{**vars_of(FIXTURE_OPTIONS), "images_dir": images_dir()})
+    metadata = convert_row({**swebench_row(), "base_commit": "0" * 40}, options)["metadata"]
     outcome = await run_episode(metadata, tmp_path, "touch /tmp/ran; exit 0\n")
     assert outcome.status is EpisodeStatus.ABORTED
-    assert outcome.reason == (
-        f"environment: capturing the change (rootfs {root}): /app in the image is not a git "
-        "repository: no base to capture"
-    )
+    assert outcome.reason.startswith("environment: capturing the change (rootfs "), outcome.reason
+    base = swebench_row()["base_commit"]
+    assert outcome.reason.endswith(
+        f"has {base[:12]} checked out, not the task's base commit 000000000000"
+    ), outcome.reason
     summary = json.loads((Path(str(outcome.artifacts["dir"])) / "summary.json").read_text())
     assert "agent" not in summary
 
@@ -209,12 +234,14 @@ def test_validate_grades_the_swebench_fixture_gold_1_and_empty_0_in_its_image(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("repository", [True, False], ids=["workdir-a-repository", "plain-files"])
 def test_validate_grades_the_harbor_fixture_gold_1_and_empty_0_in_its_image(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], repository: bool
 ) -> None:
-    harbor_image()
+    root = harbor_image() if repository else harbor_image_without_repository()
     options = HarborOptions(images_dir=images_dir(), image_format="rootfs")
     row = convert_task(FIXTURES / "harbor" / "calc-task", options)
+    row["metadata"]["environment"]["rootfs"] = str(root)
     code, printed, _ = validate([row], tmp_path, capsys)
     assert cells(printed, "fixture/harbor-calc") == ["0", "1", "ok"], printed
     assert code == 0

@@ -232,3 +232,48 @@ async def test_scratch_directories_are_writable_where_a_tasks_tests_expect_them(
 def test_a_scratch_directory_must_be_absolute() -> None:
     with pytest.raises(ValueError, match="absolute"):
         SandboxSpec(scratch_dirs=(PurePosixPath("logs"),))
+
+
+async def test_a_change_in_an_images_plain_directory_is_captured_against_it_as_it_was(
+    backend: LocalBackend,
+) -> None:
+    """An image's working directory with no repository (a Dockerfile's COPY): its content as
+    the image has it becomes the base (one commit, the same for every sandbox of the image),
+    kept out of the workspace and of the agent's reach; the change is captured against it."""
+    root = debian_root()
+    spec = SandboxSpec(image=debian(working_dir=PurePosixPath("/app")), workspace=ImageWorkspace())
+    bases = []
+    for _ in range(2):
+        async with await backend.create(spec) as box:
+            source = box.source_repository
+            assert source is not None
+            assert box.base_repository == "/run/sandbox/base.git"
+            base = git(source, "rev-parse", "HEAD")
+            bases.append(base)
+            listed = git(source, "ls-tree", "-r", "--name-only", base).split()
+            assert sorted(listed) == [".gitignore", "calc.py", "data.txt", "link", "run.sh"]
+            assert git(source, "ls-tree", base, "run.sh").startswith("100755 ")
+            assert git(source, "ls-tree", base, "link").startswith("120000 ")
+            seen = await box.exec("ls -A; echo x >> /run/sandbox/base.git/HEAD")
+            assert seen.stdout.split() == [
+                ".gitignore",
+                "calc.py",
+                "data.txt",
+                "link",
+                "old.log",
+                "run.sh",
+            ]
+            assert seen.exit_code != 0
+            assert (source / "HEAD").read_text() == "ref: refs/heads/base\n"
+            changed = await box.exec(
+                "sed -i 's/a - b/a + b/' calc.py && rm data.txt && echo new > new.txt"
+                " && echo more >> old.log && git init -q && echo forged > .git/HEAD"
+            )
+            assert changed.exit_code == 0, changed.stderr
+            captured = await capture_diff(box, source, base)
+        assert set(captured.changed_paths) == {"calc.py", "data.txt", "new.txt"}
+        assert b"+    return a + b" in captured.patch
+        assert not source.exists(), "the base goes with the sandbox"
+    assert bases[0] == bases[1]
+    assert (root / "app" / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+    assert not (root / "app" / ".git").exists()

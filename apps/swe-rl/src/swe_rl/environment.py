@@ -7,7 +7,8 @@ as its workspace (`ImageWorkspace`), fresh from the image in every sandbox.
 
 A change is captured against the repository the workspace came from: the prepared checkout at
 the task's base commit, or, in an image's own directory, the image's repository (the sandbox's
-`source_repository`) at its HEAD, which is where the grading sandbox starts from too. Registry
+`source_repository`) at its HEAD, or a commit of that directory's plain files as the image has
+them; the grading sandbox starts from the same image files. Registry
 images and OCI layouts are pulled into the node's image cache (`image_cache_config`).
 
 Environment failures are never the agent's doing and never a reward: an image that cannot be
@@ -153,8 +154,8 @@ def scratch_dirs(task: SweTask) -> tuple[PurePosixPath, ...]:
 
 
 class CaptureUnsupportedError(RuntimeError):
-    """The sandbox has no repository to capture a change against (an image whose working
-    directory is not a git repository)."""
+    """The sandbox has no repository to capture a change against (a backend that keeps no
+    base for an image's directory: an E2B template's)."""
 
 
 async def capture_change(
@@ -165,14 +166,28 @@ async def capture_change(
     as `capture_diff` raises them."""
     if repo is not None and task.base_commit is not None:
         return await capture_diff(box, repo, task.base_commit, limits=limits)
+    source, head = await image_base(box, task)
+    return await capture_diff(box, source, head, limits=limits)
+
+
+async def image_base(box: Sandbox, task: SweTask) -> tuple[Path, str]:
+    """The repository and commit a change in an image's own directory is captured against:
+    the image's, at its HEAD, which must be the task's base commit when the task names one
+    (a SWE-bench image checked out elsewhere is not the task's environment).
+    CaptureUnsupportedError says why there is none."""
     source = box.source_repository
     if source is None:
         raise CaptureUnsupportedError(
-            f"the workspace {box.workspace} is not a git repository in the image: "
-            "there is no base to capture the change against"
+            f"the backend keeps no base of {box.workspace} in the image to capture against"
         )
     head = await asyncio.to_thread(_head, source)
-    return await capture_diff(box, source, head, limits=limits)
+    wanted = task.base_commit
+    if wanted is not None and not (head.startswith(wanted) or wanted.startswith(head)):
+        raise CaptureUnsupportedError(
+            f"the image's repository at {box.workspace} has {head[:12]} checked out, "
+            f"not the task's base commit {wanted[:12]}"
+        )
+    return source, head
 
 
 def _head(repository: Path) -> str:

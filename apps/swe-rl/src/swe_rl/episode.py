@@ -63,6 +63,7 @@ from swe_rl.environment import (
     CaptureUnsupportedError,
     capture_change,
     environment_reason,
+    image_base,
     sandbox_spec,
 )
 from swe_rl.grading import (
@@ -191,9 +192,8 @@ class SweEpisode:
                     raise _Aborted(reason) from None
                 raise _Aborted(f"sandbox: {error}") from None
         async with box:
-            if task.in_image and box.source_repository is None:  # known now: no agent run
-                why = f"{box.workspace} in the image is not a git repository: no base to capture"
-                raise _Aborted(environment_reason(task, "capturing the change", why))
+            if task.in_image:  # no base to capture against is known now: no agent run
+                await self._image_base(box, task)
             with _phase(phases, "setup"):
                 await self._setup(box, task)
             with _phase(phases, "agent"):
@@ -247,6 +247,12 @@ class SweEpisode:
         image's own repository (environment.capture_change)."""
         try:
             return await capture_change(box, task, repo, self.config.capture)
+        except CaptureUnsupportedError as error:
+            raise _Aborted(environment_reason(task, "capturing the change", error)) from None
+
+    async def _image_base(self, box: Sandbox, task: SweTask) -> None:
+        try:
+            await image_base(box, task)
         except CaptureUnsupportedError as error:
             raise _Aborted(environment_reason(task, "capturing the change", error)) from None
 

@@ -61,6 +61,7 @@ from sandbox._images import ImageCache, ImageCacheConfig, ImageLease
 from sandbox._private_dirs import owned_directory, private_dir, remove_tree
 from sandbox._runtime import HostRuntime, program_commands
 from sandbox._seccomp import compile_filter
+from sandbox._snapshot import snapshot_directory
 from sandbox._spec import (
     DirectoryWorkspace,
     EmptyWorkspace,
@@ -81,6 +82,7 @@ _T = TypeVar("_T")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SEED_PATH = f"{RUN_SANDBOX}/seed"
+_SNAPSHOT_PATH = f"{RUN_SANDBOX}/base.git"
 _STATE_PREFIX = "sandbox-"
 _BWRAP_EXIT_S = 5.0
 _KILL_ALL_S = 10.0
@@ -640,6 +642,9 @@ class _Boot:
         self.host_programs: dict[str, tuple[str, ...]] = {}
         self._images = images
         self._image_lease: ImageLease | None = None
+        self.snapshot: Path | None = None
+        """A bare repository committing the image's workspace directory, when it is none
+        (_snapshot.py): the base its change is captured against."""
 
     async def probe(self) -> None:
         """Boot and close one empty sandbox: proves every layer works here, or says which not."""
@@ -676,6 +681,7 @@ class _Boot:
         cgroup: SandboxCgroup | None = None
         try:
             state = await asyncio.to_thread(_make_state_dir, self.config)
+            await asyncio.to_thread(self._snapshot_workspace, state)
             cgroup = await asyncio.to_thread(self._cgroup, state.name)
             booted = await self._start(state, lease, cgroup, commit)
         except BaseException:
@@ -756,9 +762,20 @@ class _Boot:
             assert isinstance(self.spec.workspace, GitWorkspace)
             return {"base_repository": SOURCE_MOUNT, "source_repository": self.spec.workspace.repo}
         seed = self.image.seed if self.image is not None else None
-        if seed is not None and inside(seed, PurePosixPath("/.git")) is not None:
+        if seed is not None and self.snapshot is None:
             return {"base_repository": f"{_SEED_PATH}/.git", "source_repository": seed}
+        if self.snapshot is not None:
+            return {"base_repository": _SNAPSHOT_PATH, "source_repository": self.snapshot}
         return {"base_repository": None}
+
+    def _snapshot_workspace(self, state: Path) -> None:
+        """Commit an image's workspace directory that is no repository, as it is in the image,
+        into the sandbox's state (blocking)."""
+        seed = self.image.seed if self.image is not None else None
+        if seed is None or inside(seed, PurePosixPath("/.git")) is not None:
+            return
+        snapshot_directory(seed, state / "base.git")
+        self.snapshot = state / "base.git"
 
     def _layout(self) -> Layout:
         scratch = tuple(str(path) for path in self.spec.scratch_dirs)
@@ -823,6 +840,8 @@ class _Boot:
             assert self.image is not None
             assert self.image.seed is not None
             sources.append((self.image.seed, PurePosixPath(_SEED_PATH)))
+            if self.snapshot is not None:
+                sources.append((self.snapshot, PurePosixPath(_SNAPSHOT_PATH)))
         elif isinstance(source, GitWorkspace):
             # Its objects only (SOURCE_MOUNT in _bwrap.py): the checkout borrows them.
             sources.append(
@@ -886,7 +905,8 @@ class _Boot:
         tree = self.image.binds if self.image is not None else []
         own = self._sources()
         interpreter = {prepared.python_prefix, *(path for path, _ in self._runtime_sources())}
-        theirs = [p for p, _ in own if p not in interpreter and p != _seed_of(self.image)]
+        made_here = (_seed_of(self.image), self.snapshot)
+        theirs = [p for p, _ in own if p not in interpreter and p not in made_here]
         await asyncio.to_thread(_refuse_sockets, theirs)
         sources = [*tree, *own]
         uid = lease.uid if lease is not None else os.geteuid()

@@ -1,12 +1,12 @@
 """Root file systems for tests of what runs on a task's image (`SandboxSpec.image`), shared by
 this package's tests and the cross-package ones (an agent CLI in an image).
 
-A Debian root is what a task's image holds (its own libc, Python and git, and a repository at
-/testbed), built with Debian's `mmdebstrap` from Debian's packages into a cache the caller
-names, once: by root only (in a temporary directory, renamed into place under a lock); other
-users use a cache root built. A static root is the least an image can be: one statically linked
-program (gcc's), no libc, Python or shell. A host that cannot build one raises
-`RootUnavailable`, naming why, for the test to skip.
+A Debian root is what a task's image holds (its own libc, Python and git, a repository at
+/testbed, and a plain directory at /app), built with Debian's `mmdebstrap` from Debian's
+packages into a cache the caller names, once: by root only (in a temporary directory, renamed
+into place under a lock); other users use a cache root built. A static root is the least an
+image can be: one statically linked program (gcc's), no libc, Python or shell. A host that
+cannot build one raises `RootUnavailable`, naming why, for the test to skip.
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ from pathlib import Path
 SUITE = "bookworm"
 PACKAGES = ("python3-minimal", "git")
 TESTBED_FILES = {"calc.py": "def add(a, b):\n    return a - b\n", "README": "a task\n"}
+#: /app: a plain directory, no repository, as a Dockerfile's COPY leaves one (`*.log` ignored
+#: by its own .gitignore; run.sh executable; `link` a symbolic link to data.txt).
+APP_FILES = {
+    "calc.py": "def add(a, b):\n    return a - b\n",
+    "data.txt": "kept\n",
+    "run.sh": "#!/bin/sh\necho run\n",
+    ".gitignore": "*.log\n",
+    "old.log": "ignored by the image's own rules\n",
+}
 _GIT_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -36,10 +45,14 @@ class RootUnavailable(Exception):
     """This host cannot build the root; the message says why."""
 
 
+def _complete(root: Path) -> bool:
+    return (root / "testbed" / ".git").is_dir() and (root / "app" / "run.sh").is_file()
+
+
 def debian_root(cache: Path) -> Path:
     """The Debian root (see the module docstring) in `cache`, built if missing."""
     root = cache / f"debian-{SUITE}-{'-'.join(PACKAGES)}"
-    if (root / "testbed" / ".git").is_dir():
+    if _complete(root):
         return root
     if os.geteuid() != 0:
         raise RootUnavailable(f"no Debian test root at {root}: root builds it")
@@ -48,7 +61,7 @@ def debian_root(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "testbed" / ".git").is_dir():
+        if not _complete(root):
             _build(root)
     return root
 
@@ -67,6 +80,12 @@ def _build(root: Path) -> None:
             subprocess.run(
                 ["git", *args], cwd=testbed, env=_GIT_ENV, check=True, capture_output=True
             )
+        app = building / "app"
+        app.mkdir()
+        for name, text in APP_FILES.items():
+            (app / name).write_text(text)
+        (app / "run.sh").chmod(0o755)
+        (app / "link").symlink_to("data.txt")
         building.chmod(0o755)
         shutil.rmtree(root, ignore_errors=True)
         building.rename(root)
