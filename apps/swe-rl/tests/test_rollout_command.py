@@ -20,8 +20,13 @@ from protocol_adapters import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.testing.stack import VocabularyTokenizer
+from sandbox import LocalBackend
+from swe_rl.cli import build_parser
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
+from swe_rl.errors import UsageError
+from swe_rl.rollout import sandbox_backend
+from swe_rl.rollout_command import sandbox_options
 
 APP = Path(__file__).resolve().parents[1]
 
@@ -111,3 +116,28 @@ async def test_rollout_never_runs_a_model_unsandboxed_unless_told(
     assert code == 2
     assert "a real model's commands never run unsandboxed" in output
     assert "--unsafe-no-sandbox" in output
+
+
+def test_rollout_hands_its_image_cache_and_registry_settings_to_every_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a worker's backend is built from (swe_rl.rollout) carries the command's image
+    cache, plain-HTTP hosts and credentials; a bad credentials file stops the command."""
+    for name in ("SWE_RL_REGISTRY_PLAIN_HTTP", "SWE_RL_REGISTRY_CREDENTIALS"):
+        monkeypatch.delenv(name, raising=False)
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text(json.dumps({"127.0.0.1:5000": {"username": "u", "password": "p"}}))
+    words = ["rollout", "tasks.jsonl", "--engine-url", "http://127.0.0.1:9", "--checkpoint", "c"]
+    words += ["--out", "run", "--image-cache", str(tmp_path / "images")]
+    words += ["--plain-http", "127.0.0.1:5000", "--registry-credentials", str(credentials)]
+    options = sandbox_options(build_parser().parse_args(words), tmp_path / "run", "bwrap")
+    backend = sandbox_backend("local", options)
+    assert isinstance(backend, LocalBackend)
+    images = backend.config.images
+    assert images is not None
+    assert images.root == tmp_path / "images"
+    assert images.plain_http == ("127.0.0.1:5000",)
+    assert images.credentials["127.0.0.1:5000"].username == "u"
+    credentials.write_text('{"127.0.0.1:5000": {"username": "u"}}')
+    with pytest.raises(UsageError, match="needs username and password"):
+        sandbox_options(build_parser().parse_args(words), tmp_path / "run", "bwrap")

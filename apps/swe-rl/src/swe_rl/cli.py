@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wall-clock budget of each agent run (default: %(default)s)",
     )
+    _image_cache(rollout)
     rollout.add_argument(
         "--unsafe-no-sandbox",
         action="store_true",

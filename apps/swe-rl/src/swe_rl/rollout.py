@@ -56,10 +56,11 @@ def build_episode(settings: BackendSettings) -> SweEpisode:
         model_name=settings.agent.options.get("model", "policy-under-training"),
         on_budget="grade" if options.get("on_budget") == "grade" else "abort",
     )
-    return SweEpisode(config, agent, _backend(settings.sandbox.backend, options))
+    return SweEpisode(config, agent, sandbox_backend(settings.sandbox.backend, options))
 
 
-def _backend(name: str, options: Mapping[str, str]) -> SandboxBackend:
+def sandbox_backend(name: str, options: Mapping[str, str]) -> SandboxBackend:
+    """The backend a worker runs episodes in, from the run's sandbox settings."""
     if name == "local":
         isolation = options.get("isolation", "bwrap")
         if isolation == "none" and options.get("allow_unsandboxed") != "true":

@@ -32,6 +32,7 @@ from slime_backend import (
 )
 from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
+from swe_rl.environment import image_cache_config
 from swe_rl.errors import UsageError
 from swe_rl.rollout import ConfiguredEpisode
 from swe_rl.run import GenerateSource, Run, abort_counts, plan
@@ -50,14 +51,7 @@ async def run_rollout(args: argparse.Namespace) -> int:
     settings = BackendSettings(
         episode=EpisodeSettings("swe_rl.rollout.generate", wall_clock_s=args.budget),
         agent=AgentSettings(args.agent),
-        sandbox=SandboxSettings(
-            args.sandbox,
-            {
-                "artifacts_root": str(out / "episodes"),
-                "isolation": isolation,
-                "allow_unsandboxed": "true" if args.unsafe_no_sandbox else "false",
-            },
-        ),
+        sandbox=SandboxSettings(args.sandbox, sandbox_options(args, out, isolation)),
         workers=WorkerSettings(mode="ray" if args.ray else "local"),
     )
     if args.ray:
@@ -104,6 +98,28 @@ def _checkpoint(directory: Path) -> Checkpoint:
         return load_checkpoint(directory)
     except (OSError, CheckpointError) as error:
         raise UsageError(f"--checkpoint {directory}: {error}") from None
+
+
+def sandbox_options(args: argparse.Namespace, out: Path, isolation: str) -> dict[str, str]:
+    """The sandbox options every rollout worker builds its backend from (swe_rl.rollout):
+    where episodes write, the isolation, and the node's image cache and registry settings
+    (a bad credentials file is the user's error now, not each worker's later)."""
+    options = {
+        "artifacts_root": str(out / "episodes"),
+        "isolation": isolation,
+        "allow_unsandboxed": "true" if args.unsafe_no_sandbox else "false",
+    }
+    if args.image_cache is not None:
+        options["image_cache"] = str(args.image_cache.resolve())
+    if args.plain_http:
+        options["registry_plain_http"] = ",".join(args.plain_http)
+    if args.registry_credentials is not None:
+        try:
+            image_cache_config(args.image_cache, credentials=args.registry_credentials)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        options["registry_credentials"] = str(args.registry_credentials.resolve())
+    return options
 
 
 def _isolation(args: argparse.Namespace) -> str:
