@@ -21,6 +21,7 @@ from sandbox import (
     SandboxCommandError,
     SandboxSpec,
     UnsupportedSpecError,
+    apply_diff,
     capture_diff,
 )
 
@@ -194,6 +195,7 @@ async def test_the_agents_change_in_the_images_workspace_is_captured(
     async with await backend.create(spec) as box:
         assert box.source_repository == root / "testbed"
         assert box.base_repository == "/run/sandbox/seed/.git"
+        assert box.git_argv == ("git",)  # the image's own
         await box.write_file("calc.py", "def add(a, b):\n    return a + b\n")
         await box.write_file("new_test.py", "def test_add():\n    pass\n")
         wiped = await box.exec("rm -rf .git && git init -q && echo planted > .git/HEAD")
@@ -277,3 +279,45 @@ async def test_a_change_in_an_images_plain_directory_is_captured_against_it_as_i
     assert bases[0] == bases[1]
     assert (root / "app" / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
     assert not (root / "app" / ".git").exists()
+
+
+async def test_a_change_in_an_image_without_git_is_captured_with_the_hosts_git(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    """An image with no git (nor shell, libc or Python): the host's git is mounted and runs on
+    the host's loader, for the capture only; the image's own programs are left alone."""
+    root = static_root(tmp_path)
+    (root / "testbed" / "kept.txt").write_text("as the image has it\n")
+    spec = SandboxSpec(image=RootfsImage(root), workspace=ImageWorkspace(PurePosixPath("/testbed")))
+    async with await backend.create(spec) as box:
+        assert box.git_argv[-1] == "/run/sandbox/git-core/git"
+        assert len(box.git_argv) > 1, "a dynamically linked git runs on the host's loader"
+        source = box.source_repository
+        assert source is not None
+        await box.write_file("kept.txt", "changed\n")
+        await box.write_file("new.txt", "new\n")
+        captured = await capture_diff(box, source, git(source, "rev-parse", "HEAD"))
+    assert set(captured.changed_paths) == {"kept.txt", "new.txt"}
+    assert b"+changed" in captured.patch
+
+
+ADD_FIX = b"""diff --git a/calc.py b/calc.py
+--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+
+
+async def test_a_patch_is_applied_with_the_hosts_git_where_the_images_path_has_none(
+    backend: LocalBackend,
+) -> None:
+    image = debian(env={"PATH": "/usr/local/bin"}, working_dir=PurePosixPath("/app"))
+    async with await backend.create(SandboxSpec(image=image, workspace=ImageWorkspace())) as box:
+        assert box.git_argv[-1] == "/run/sandbox/git-core/git"
+        await apply_diff(box, ADD_FIX)
+        assert await box.read_text("calc.py") == "def add(a, b):\n    return a + b\n"
+        with pytest.raises(SandboxCommandError, match="git apply failed"):
+            await apply_diff(box, ADD_FIX)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import struct
@@ -125,6 +126,7 @@ async def capture_diff(
     await sandbox.kill_all()
     walker = resources.files("sandbox").joinpath("_capture_walker.py").read_text()
     args = [sandbox.workspace, inside, base, str(limits.max_bytes), str(limits.max_files)]
+    args.append(json.dumps(sandbox.git_argv))
     bound = limits.max_bytes + (limits.max_files + 2) * (_HEADER.size + _LENGTH.size) + 4096
     result = await sandbox.run_python(walker, args, timeout=timeout, max_output_bytes=bound)
     if result.timed_out or result.truncated or result.exit_code not in (0, _TOO_LARGE_EXIT):

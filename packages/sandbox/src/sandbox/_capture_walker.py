@@ -14,7 +14,8 @@ nothing the agent could have touched:
   to its owner again rather than taken for gone;
 - everything it writes goes to its stdout, bounded by MAX_BYTES of paths and content.
 
-argv: WORKSPACE GIT_DIR BASE MAX_BYTES MAX_ENTRIES
+argv: WORKSPACE GIT_DIR BASE MAX_BYTES MAX_ENTRIES GIT_ARGV (a JSON list: how git starts here,
+`Sandbox.git_argv`)
 
 What counts as the change is what `git add -A` would stage, against BASE: tracked files
 modified, deleted or retyped; untracked files that no .gitignore rule hides; never the junk
@@ -32,6 +33,7 @@ Exit status: 0 with E; 3 after T; anything else is a failure, explained on stder
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
@@ -65,6 +67,7 @@ _GIT_CONFIG = (
     "core.bare=false",
 )
 _GIT_PATH = "/usr/local/bin:/usr/bin:/bin"
+GIT_ARGV = ["git"]
 _NO_INDEX = "/run/sandbox/no-index"  # never exists: a read-only file system
 _GIT_TIMEOUT_S = 600
 _LOCKED_DIR = re.compile(rb"could not open directory '(.*)': Permission denied")
@@ -101,7 +104,7 @@ class Writer:
 
 def git(git_dir: str, work_tree: str, *args: str) -> tuple[bytes, bytes]:
     """git's stdout and stderr; SystemExit when it fails."""
-    argv = ["git", "--git-dir=" + git_dir, "--work-tree=" + work_tree]
+    argv = [*GIT_ARGV, "--git-dir=" + git_dir, "--work-tree=" + work_tree]
     for setting in _GIT_CONFIG:
         argv += ["-c", setting]
     env = {
@@ -337,7 +340,8 @@ def walk(root: str, git_dir: str, base: str, writer: Writer) -> None:
 
 
 def main() -> int:
-    root, git_dir, base, max_bytes, max_entries = sys.argv[1:6]
+    root, git_dir, base, max_bytes, max_entries, git_argv = sys.argv[1:7]
+    GIT_ARGV[:] = json.loads(git_argv)
     writer = Writer(int(max_bytes), int(max_entries))
     try:
         walk(root, git_dir, base, writer)

@@ -197,6 +197,7 @@ class CommandSandbox(ABC):
         keep_state: bool,
         max_output_bytes: int | None,
         host_programs: Mapping[str, Sequence[str]] | None = None,
+        git_argv: Sequence[str] = ("git",),
     ) -> None:
         validate_env(env)
         self._max_output = max_output_bytes
@@ -206,6 +207,7 @@ class CommandSandbox(ABC):
         self._env = dict(env)
         self._keep_state = keep_state
         self._host_programs = {path: tuple(argv) for path, argv in (host_programs or {}).items()}
+        self._git_argv = tuple(git_argv)
         self._running: set[Launched] = set()
         self._open_io: set[_IoFiles] = set()
         """Output pipes of commands still running, or held by a background process after the
@@ -271,6 +273,10 @@ class CommandSandbox(ABC):
     @property
     def workspace(self) -> str:
         return self._workspace
+
+    @property
+    def git_argv(self) -> tuple[str, ...]:
+        return self._git_argv
 
     def host_program_argv(self, path: str) -> tuple[str, ...]:
         try:

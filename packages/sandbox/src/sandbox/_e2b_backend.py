@@ -796,6 +796,10 @@ class E2BSandbox:
         unset = f"unset -v -- {' '.join(dropped)}; " if dropped else ""
         return await self.start(f"{unset}exec -- {shlex.join(argv)}", cwd=cwd, env=env)
 
+    @property
+    def git_argv(self) -> tuple[str, ...]:
+        return ("git",)
+
     def host_program_argv(self, path: str) -> tuple[str, ...]:
         """E2B mounts no host path: `path` is the template's own program, run as it is."""
         return (path,)

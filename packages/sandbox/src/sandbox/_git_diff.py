@@ -1,7 +1,8 @@
 """Apply a captured patch to a fresh checkout, and the git settings every patch is made with.
 
 Applying happens in a sandbox nobody has worked in yet (a grading sandbox), so its git and
-shell are the task's own; still every setting that could bend how a patch is read or written
+shell are the task's own (or the host's git, mounted where the image has none:
+`Sandbox.git_argv`); still every setting that could bend how a patch is read or written
 is pinned on the command line, whatever a repository's config says. Capturing is in
 _capture.py.
 """
@@ -38,7 +39,6 @@ _PINNED_CONFIG: tuple[str, ...] = (
 )
 #: `-c` options pinning every setting above, for a git command line.
 GIT_PINNED: tuple[str, ...] = tuple(arg for c in _PINNED_CONFIG for arg in ("-c", c))
-_GIT = shlex.join(["git", *GIT_PINNED])
 _HEADER_RE = re.compile(rb"^(?:diff --git a/(.*) b/(.*)|(?:rename|copy) (?:from|to) (.*))$")
 
 
@@ -89,8 +89,9 @@ async def apply_diff(
     patch_path = f"/tmp/agent-apply-{uuid.uuid4().hex}.patch"
     await sandbox.write_file(patch_path, patch)
     q = shlex.quote
+    git = shlex.join([*sandbox.git_argv, *GIT_PINNED])
     script = (
-        f"cd -- {q(repo_path)} && {_GIT} apply --binary --whitespace=nowarn {q(patch_path)}; "
+        f"cd -- {q(repo_path)} && {git} apply --binary --whitespace=nowarn {q(patch_path)}; "
         f"status=$?; rm -f -- {q(patch_path)}; exit $status"
     )
     result = await sandbox.exec(script, timeout=timeout)

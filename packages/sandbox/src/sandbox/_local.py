@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
@@ -68,6 +69,7 @@ from sandbox._spec import (
     GitWorkspace,
     ImageWorkspace,
     OciLayoutImage,
+    ReadOnlyBind,
     RegistryImage,
     RootfsImage,
     SandboxSpec,
@@ -83,6 +85,8 @@ _T = TypeVar("_T")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SEED_PATH = f"{RUN_SANDBOX}/seed"
 _SNAPSHOT_PATH = f"{RUN_SANDBOX}/base.git"
+_GIT_CORE = PurePosixPath(RUN_SANDBOX, "git-core")
+_HOST_GIT = str(_GIT_CORE / "git")
 _STATE_PREFIX = "sandbox-"
 _BWRAP_EXIT_S = 5.0
 _KILL_ALL_S = 10.0
@@ -292,6 +296,7 @@ class LocalSandbox(CommandSandbox):
         source_repository: Path | None = None,
         workspace: str = SANDBOX_WORKSPACE,
         host_programs: Mapping[str, Sequence[str]] | None = None,
+        git_argv: Sequence[str] = ("git",),
     ) -> None:
         super().__init__(
             state_dir=boot.state_dir,
@@ -300,6 +305,7 @@ class LocalSandbox(CommandSandbox):
             keep_state=keep_state,
             max_output_bytes=max_output_bytes,
             host_programs=host_programs,
+            git_argv=git_argv,
         )
         self._boot = boot
         self._python_inside = python
@@ -642,6 +648,8 @@ class _Boot:
         self.host_programs: dict[str, tuple[str, ...]] = {}
         self._images = images
         self._image_lease: ImageLease | None = None
+        self.own_binds: list[ReadOnlyBind] = []
+        """Binds of the backend's own: the host's git, on an image that has none."""
         self.snapshot: Path | None = None
         """A bare repository committing the image's workspace directory, when it is none
         (_snapshot.py): the base its change is captured against."""
@@ -701,6 +709,7 @@ class _Boot:
             max_output_bytes=self.spec.limits.max_output_bytes,
             workspace=layout.workspace,
             host_programs=self.host_programs,
+            git_argv=self.host_programs.get(_HOST_GIT, ("git",)),
             **self._repositories(commit),
         )
         try:
@@ -748,6 +757,8 @@ class _Boot:
             extra_scratch=self.spec.scratch_dirs,
         )
         self.runtime = await asyncio.to_thread(self.prepared.runtime)
+        if not await asyncio.to_thread(_has_git, root):
+            self.own_binds.append(await asyncio.to_thread(_host_git))
         if isinstance(image, RootfsImage) and image.path not in self.prepared.checked_roots:
             # A root file system of the caller's: checked once per backend (an unpacked image
             # holds no sockets: tar has no such entry).
@@ -799,6 +810,7 @@ class _Boot:
         """How each host program of the spec starts; on an image, the runtime then carries
         their libraries too (_runtime.py; blocking)."""
         programs = self.spec.host_programs()
+        programs += [path for bind in self.own_binds for path in bind.host_program_paths()]
         self.runtime, self.host_programs = program_commands(programs, self.runtime)
 
     def _runtime_sources(self) -> list[tuple[Path, PurePosixPath]]:
@@ -832,7 +844,8 @@ class _Boot:
             sources += self._runtime_sources()
         elif self.prepared.python_prefix is not None:
             sources.append((self.prepared.python_prefix, PurePosixPath(PYTHON_MOUNT)))
-        sources += [(bind.host_path, bind.sandbox_path) for bind in self.spec.read_only_binds]
+        binds = (*self.spec.read_only_binds, *self.own_binds)
+        sources += [(bind.host_path, bind.sandbox_path) for bind in binds]
         source = self.spec.workspace
         if isinstance(source, DirectoryWorkspace):
             sources.append((source.source, PurePosixPath(_SEED_PATH)))
@@ -1282,6 +1295,32 @@ def _materialize_on_host(spec: SandboxSpec, workspace: Path, home: Path) -> None
         checkout_repo(source.repo, source.commit, workspace)
     elif not isinstance(source, EmptyWorkspace):
         raise UnsupportedSpecError(f"unknown workspace source: {source!r}")
+
+
+def _has_git(root: ImageRoot) -> bool:
+    """Whether the image has a `git` in a directory of its PATH (a file or a link there;
+    directories reached through a link, as merged /bin is, are found by their real path)."""
+    for directory in root.env.get("PATH", DEFAULT_PATH).split(":"):
+        found = inside(root.path, PurePosixPath(directory)) if directory.startswith("/") else None
+        if found is not None and os.path.lexists(found / "git"):
+            return True
+    return False
+
+
+@functools.cache
+def _host_git() -> ReadOnlyBind:
+    """The host's git for an image without one: its exec-path directory (where Debian and
+    most distributions keep a `git` beside its helpers), run on the host's loader."""
+    try:
+        done = subprocess.run(["git", "--exec-path"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise UnsupportedSpecError(
+            f"the image has no git and neither has this host: {error}"
+        ) from None
+    core = Path(done.stdout.strip())
+    if not (core / "git").is_file():
+        raise UnsupportedSpecError(f"the image has no git, and the host's {core} holds none")
+    return ReadOnlyBind(core, _GIT_CORE, host_programs=("git",))
 
 
 def _seed_of(image: ImagePlan | None) -> Path | None:

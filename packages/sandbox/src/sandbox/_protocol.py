@@ -106,6 +106,13 @@ class Sandbox(Protocol):
         the sandbox's environment without `unset_env`, `env` over it; as `start` otherwise."""
         ...
 
+    @property
+    def git_argv(self) -> tuple[str, ...]:
+        """How this package's own tools start git inside (capturing a change, applying a
+        patch): ``("git",)``, the root's own, except on an image that has no git on its PATH,
+        where the local backend mounts the host's and starts it like a host program."""
+        ...
+
     def host_program_argv(self, path: str) -> tuple[str, ...]:
         """The argv that starts the host program at `path` (inside; one of the spec's
         `ReadOnlyBind.host_programs`), its arguments to follow: `(path,)` where it runs as it
