@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -22,6 +23,7 @@ from sandbox import (
     SandboxSpec,
     UnsupportedSpecError,
 )
+from sandbox._runtime import RUNTIME_MOUNT, HostRuntime
 
 from .conftest import local_config
 from .image_roots import debian_root, static_root
@@ -188,3 +190,40 @@ async def test_start_argv_drops_what_it_is_told_and_layers_env_over_the_rest(
             "call",
             "call",
         )
+
+
+def test_the_runtime_is_one_directory_made_once_per_closure(tmp_path: Path) -> None:
+    """The loader and libraries a sandbox on an image needs are one bind, not one per file
+    (each bind is a mount in every sandbox's creation): gathered once, reused, and made anew
+    for another closure."""
+    python = Path(os.path.realpath(sys.executable))
+    runtime = HostRuntime.discover(python, Path(sys.base_prefix))
+    made = runtime.materialize(tmp_path)
+    assert runtime.materialize(tmp_path) == made
+    names = {runtime.loader.name, *(name for name, _ in runtime.libraries)}
+    assert {p.name for p in made.iterdir()} == names
+    for name, path in runtime.libraries:
+        assert (made / name).read_bytes() == path.read_bytes()
+    mounts = runtime.mounts(python, PurePosixPath("/run/sandbox/python"), made)
+    assert mounts[0] == (made, RUNTIME_MOUNT)
+    assert len(mounts) == 3
+    git = Path(os.path.realpath(shutil.which("git") or "/usr/bin/git"))
+    wider = runtime.including([git])
+    if wider.libraries != runtime.libraries:
+        assert wider.materialize(tmp_path) != made
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("runtime-staging-")]
+
+
+async def test_a_sandbox_on_an_image_sees_the_runtime_in_one_directory(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    spec = SandboxSpec(image=RootfsImage(static_root(tmp_path)))
+    async with await backend.create(spec) as box:
+        listed = await box.run_python(
+            "import os; print('\\n'.join(sorted(os.listdir('/run/sandbox/runtime'))))"
+        )
+    assert listed.exit_code == 0, listed.stderr
+    python = Path(os.path.realpath(sys.executable))
+    runtime = HostRuntime.discover(python, Path(sys.base_prefix))
+    wanted = {runtime.loader.name, *(name for name, _ in runtime.libraries)}
+    assert wanted <= set(listed.stdout.decode().split())

@@ -648,6 +648,7 @@ class _Boot:
         self.host_programs: dict[str, tuple[str, ...]] = {}
         self._images = images
         self._image_lease: ImageLease | None = None
+        self.runtime_dir: Path | None = None
         self.own_binds: list[ReadOnlyBind] = []
         """Binds of the backend's own: the host's git, on an image that has none."""
         self.snapshot: Path | None = None
@@ -812,11 +813,16 @@ class _Boot:
         programs = self.spec.host_programs()
         programs += [path for bind in self.own_binds for path in bind.host_program_paths()]
         self.runtime, self.host_programs = program_commands(programs, self.runtime)
+        if self.runtime is not None:
+            self.runtime_dir = self.runtime.materialize(_state_root(self.config))
 
     def _runtime_sources(self) -> list[tuple[Path, PurePosixPath]]:
         if self.runtime is None:
             return []
-        return self.runtime.mounts(Path(self.prepared.python), PurePosixPath(PYTHON_MOUNT))
+        assert self.runtime_dir is not None, "the runtime is materialized with the programs"
+        return self.runtime.mounts(
+            Path(self.prepared.python), PurePosixPath(PYTHON_MOUNT), self.runtime_dir
+        )
 
     def _cgroup(self, name: str) -> SandboxCgroup | None:
         limits = self.spec.limits

@@ -20,12 +20,16 @@ directory: :func:`program_commands`. A statically linked one, or one that is no 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
+import shutil
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -35,6 +39,7 @@ from sandbox._errors import SandboxUnavailableError, UnsupportedSpecError
 #: Where the host's loader and libraries appear inside.
 RUNTIME_MOUNT = PurePosixPath("/run/sandbox/runtime")
 _PT_INTERP = 3
+_MATERIALIZE_LOCK = threading.Lock()
 _LISTED = re.compile(r"^\s*(\S+)\s+=>\s+(/\S+)\s+\(0x[0-9a-f]+\)$")
 
 
@@ -48,15 +53,49 @@ class HostRuntime:
     stdlib: Path
     """The standard library directory (``<prefix>/lib/python3.X``)."""
 
-    def mounts(self, python: Path, python_mount: PurePosixPath) -> list[tuple[Path, PurePosixPath]]:
+    def mounts(
+        self, python: Path, python_mount: PurePosixPath, directory: Path
+    ) -> list[tuple[Path, PurePosixPath]]:
         """Host files to bind read-only, and where each appears inside: the loader and libraries
-        in RUNTIME_MOUNT, the interpreter and its standard library under `python_mount` (laid
-        out as an installation, so the interpreter finds its prefix from its own path)."""
-        binds = [(self.loader, RUNTIME_MOUNT / self.loader.name)]
-        binds += [(path, RUNTIME_MOUNT / name) for name, path in self.libraries]
+        (`directory`, as `materialize` made it) at RUNTIME_MOUNT, the interpreter and its
+        standard library under `python_mount` (laid out as an installation, so the interpreter
+        finds its prefix from its own path)."""
+        binds = [(directory, RUNTIME_MOUNT)]
         binds.append((python, self.python_inside(python, python_mount)))
         binds.append((self.stdlib, python_mount / "lib" / self.stdlib.name))
         return binds
+
+    def materialize(self, root: Path) -> Path:
+        """The loader and libraries gathered in one directory under `root` (hard links, or
+        copies where the host refuses a link), so a sandbox binds one directory, not one file
+        per library: each bind is a mount in every sandbox's creation. Made once per closure
+        (named by each file's path, inode, size and time) and reused, by later processes too;
+        blocking."""
+        files = [(self.loader.name, self.loader), *self.libraries]
+        key = hashlib.sha256()
+        for name, path in files:
+            info = os.stat(path)
+            key.update(
+                f"{name}\0{path}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\n".encode()
+            )
+        final = root / f"runtime-{key.hexdigest()[:24]}"
+        with _MATERIALIZE_LOCK:
+            if final.is_dir():
+                return final
+            staging = Path(tempfile.mkdtemp(prefix="runtime-staging-", dir=root))
+            try:
+                for name, path in files:
+                    try:
+                        os.link(path, staging / name)
+                    except OSError:
+                        shutil.copy2(path, staging / name)
+                staging.chmod(0o755)
+                staging.rename(final)
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+                if not final.is_dir():  # another process won the race: theirs is the same
+                    raise
+        return final
 
     def python_inside(self, python: Path, python_mount: PurePosixPath) -> PurePosixPath:
         return python_mount / "bin" / python.name
