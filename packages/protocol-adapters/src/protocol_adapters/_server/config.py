@@ -11,13 +11,26 @@ from .workers import LargeBodies
 
 @dataclass(frozen=True, slots=True)
 class RolloutSampling:
-    """The rollout's sampling settings: what the policy is trained under."""
+    """The rollout's sampling settings: what the policy is trained under.
+
+    ``min_p`` and ``stop`` always apply, whoever decides the rest: ``stop`` strings are sent
+    with the client's own (a reply that ends on one keeps it in its recorded ids).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int | None = None
     """Cap on one reply; the client's ``max_tokens`` and the room left in the context cap it too."""
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        stop: object = self.stop  # a bare string would become one stop per character
+        if not isinstance(stop, tuple) or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {stop!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
@@ -135,7 +136,8 @@ def choose_sampling(
         temperature=pick(client.temperature, rollout.temperature),
         top_p=pick(client.top_p, rollout.top_p),
         top_k=top_k,
-        stop=tuple(client.stop),
+        min_p=rollout.min_p,
+        stop=tuple(dict.fromkeys((*client.stop, *rollout.stop))),
         stop_token_ids=stop_token_ids,
         json_schema=client.json_schema,
     )
@@ -146,6 +148,10 @@ def choose_sampling(
         "max_new_tokens": str(params.max_new_tokens),
         "sampling_source": "client" if client_wins else "rollout",
     }
+    if params.min_p:
+        record["min_p"] = repr(params.min_p)
+    if rollout.stop:
+        record["rollout_stop"] = json.dumps(list(rollout.stop))
     if client.max_tokens is not None:
         record["client_max_tokens"] = str(client.max_tokens)
     if client.json_schema is not None:
