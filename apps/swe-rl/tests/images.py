@@ -14,6 +14,9 @@ files, built the same way:
 
 They are used as root file systems (`{"rootfs": dir}` environments) under the names the
 converters give a local image (`swebench_sweb.eval.x86_64.<key>_latest`, ...).
+
+The Debian root is also packed as an OCI image layout (`debian_layout()`, one layer, with
+umoci), the base image a test registry serves for the Dockerfile-built Harbor task.
 """
 
 from __future__ import annotations
@@ -100,6 +103,31 @@ def debian_root() -> Path:
         (root / "usr/local/bin/python").symlink_to("/usr/bin/python3")
 
     return _built(f"debian-{SUITE}-{key}", build)
+
+
+LAYOUT_RECIPE = 1  # bump when debian_layout's recipe changes
+LAYOUT_REF = "base"
+
+
+def debian_layout() -> Path:
+    """The Debian root as an OCI image layout holding one image, `LAYOUT_REF`: one gzip
+    layer of the whole root (`umoci insert`), the PATH in its configuration."""
+    root = debian_root()
+    key = hashlib.sha256(f"{root.name}:{LAYOUT_RECIPE}".encode()).hexdigest()[:12]
+
+    def build(layout: Path) -> None:
+        image = f"{layout}:{LAYOUT_REF}"
+        path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        for command in (
+            ["init", "--layout", str(layout)],
+            ["new", "--image", image],
+            ["insert", "--image", image, str(root), "/"],
+            ["config", "--image", image, f"--config.env={path}", "--config.cmd=/bin/bash"],
+            ["gc", "--layout", str(layout)],
+        ):
+            subprocess.run(["umoci", *command], check=True, capture_output=True)
+
+    return _built(f"debian-layout-{key}", build)
 
 
 def images_dir() -> Path:

@@ -1,7 +1,8 @@
 """Harbor task directories: read as the format says (task.toml, instruction.md, environment/,
 tests/, solution/), converted to rows whose verifier's reward file is the reward; the tests
-come from the task, copied in after the agent's change, and a task whose image would have to
-be built is skipped with the reason."""
+come from the task, copied in after the agent's change; a task whose image would have to be
+built is built by the options' builder (a stand-in here; test_image_build.py builds for real),
+else skipped with the reason."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from sandbox import GitWorkspace, LocalBackend, LocalConfig, SandboxSpec
 from swe_rl.grading import GradeResult, GradingLog, Verdict, grade
 from swe_rl.harbor import HarborOptions, convert_task, convert_tasks, task_directories
+from swe_rl.image_build import BuildError, BuiltImage
 from swe_rl.sources import RepoSources
 from swe_rl.task import Environment, RewardFileRunner, parse_task
 
@@ -71,11 +73,55 @@ def test_a_dataset_directory_converts_each_task_and_skips_what_it_cannot(tmp_pat
     ]
     reasons = {Path(directory).name: reason for directory, reason in converted.skipped}
     assert reasons == {
-        "built": "environment/Dockerfile: builds an image (RUN pip install numpy): that needs "
-        "a container daemon, unsupported here; give [environment].docker_image",
+        "built": "environment/Dockerfile: builds an image (RUN pip install numpy): "
+        "`--build-images` builds it (buildah, no daemon); or give [environment].docker_image",
         "no-tests": "tests/test.sh: is missing (the verifier)",
         "steps": "steps: multi-step tasks are not supported",
     }
+
+
+class FakeBuilder:
+    """Stands in for buildah: records what it is asked to build, fails when told to."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.fail = fail
+        self.asked: list[tuple[str, Path]] = []
+
+    def build(self, name: str, context: Path) -> BuiltImage:
+        self.asked.append((name, context))
+        if self.fail is not None:
+            raise BuildError(self.fail)
+        return BuiltImage(Path("/images") / name.replace("/", "_"), "c0ffee", True, 1.0)
+
+
+def test_a_dockerfile_that_builds_is_built_by_the_builder(tmp_path: Path) -> None:
+    built = tmp_path / "built"
+    shutil.copytree(TASK, built)
+    (built / "task.toml").write_text('[task]\nname = "org/built"\n')
+    (built / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11-slim AS deps\nWORKDIR /deps\nRUN pip install numpy\n"
+        "FROM python:3.11-slim\nWORKDIR /srv\nCOPY . /srv\nWORKDIR /srv/app\nENV A=1\n"
+    )
+    named = tmp_path / "named"
+    shutil.copytree(TASK, named)
+    builder = FakeBuilder()
+    converted = convert_tasks([built, named], HarborOptions(builder=builder))
+    assert [row["metadata"]["environment"] for row in converted.rows] == [
+        # The final stage's last WORKDIR, after the steps that build.
+        {"oci_layout": "/images/org_built", "ref": "c0ffee", "workdir": "/srv/app"},
+        # A task that names its image keeps it: nothing to build.
+        {"image": "agent-rl-fixtures/harbor-calc:latest", "workdir": "/app"},
+    ]
+    assert builder.asked == [("org/built", built.resolve() / "environment")]
+
+    failing = FakeBuilder("buildah build failed (exit 1): E: Unable to locate package numpy")
+    assert convert_tasks([built], HarborOptions(builder=failing)).skipped == (
+        (
+            str(built),
+            "environment/Dockerfile: the image build failed: buildah build failed (exit 1): "
+            "E: Unable to locate package numpy",
+        ),
+    )
 
 
 def test_local_images_by_name(tmp_path: Path) -> None:

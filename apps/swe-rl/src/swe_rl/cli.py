@@ -17,15 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
 from swe_rl import __version__
 from swe_rl.errors import UsageError
+
+if TYPE_CHECKING:
+    from swe_rl.image_build import BuildahBuilder, BuiltImage
 
 PROG = "swe-rl"
 
@@ -197,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
         "instruction.md is the prompt, the task's image its environment, tests/test.sh its "
         "verifier (copied into the grading sandbox after the agent's change, its reward file "
         "the reward), solution/ its reference (read by `validate` only). Tasks whose "
-        "environment is a Dockerfile that builds an image are skipped with the reason.",
+        "environment is a Dockerfile that builds an image are built with --build-images "
+        "(buildah, no daemon), else skipped with the reason.",
     )
     harbor.add_argument("input", type=Path, metavar="DIR")
     harbor.add_argument("output", type=Path)
@@ -207,6 +212,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workspace when a task names none (default: the image's working directory)",
     )
     _local_images(harbor)
+    harbor.add_argument(
+        "--build-images",
+        action="store_true",
+        help="build the images of tasks whose Dockerfile builds one with buildah (root, or "
+        "rootless with subordinate ids), each into an OCI layout under --images-dir; tasks "
+        "that name an image keep it, pulled from its registry. An unchanged task is not "
+        "built again",
+    )
+    harbor.add_argument(
+        "--registry-mirror",
+        type=_mirror,
+        action="append",
+        default=[],
+        metavar="HOST=MIRROR",
+        help="pull HOST's images (base images of builds) from MIRROR first, e.g. "
+        "docker.io=mirror.internal:5000; repeatable",
+    )
+    _registry_access(harbor)
+    harbor.add_argument(
+        "--build-storage",
+        type=Path,
+        default=Path.home() / ".cache" / "agent-rl" / "buildah",
+        metavar="DIR",
+        help="buildah's storage, where base images are kept between builds (default: %(default)s)",
+    )
+    harbor.add_argument(
+        "--build-timeout",
+        type=_positive_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="longest one image build may take (default: %(default)s)",
+    )
 
     validate = commands.add_parser(
         "validate",
@@ -253,6 +290,10 @@ def _image_cache(parser: argparse.ArgumentParser) -> None:
         help="where registry images and OCI layouts are unpacked (default: "
         "$SWE_RL_IMAGE_CACHE, else ~/.cache/agent-rl/images)",
     )
+    _registry_access(parser)
+
+
+def _registry_access(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plain-http",
         action="append",
@@ -293,6 +334,13 @@ def _agent_options(parser: argparse.ArgumentParser) -> None:
         default="claude-code",
         help="the agent CLI (default: %(default)s)",
     )
+
+
+def _mirror(text: str) -> tuple[str, str]:
+    host, _, mirror = (part.strip() for part in text.partition("="))
+    if not host or not mirror:
+        raise argparse.ArgumentTypeError(f"not HOST=MIRROR: {text!r}")
+    return host, mirror
 
 
 def _positive_int(text: str) -> int:
@@ -363,16 +411,79 @@ def _convert_harbor(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read {args.input}: {error.strerror}") from None
     if not directories:
         raise UsageError(f"{args.input} holds no Harbor task (no task.toml)")
-    options = HarborOptions(
-        workdir=args.workdir, images_dir=args.images_dir, image_format=args.image_format
-    )
+    console = Console(soft_wrap=True)  # a reason's path or build log stays whole
+    if args.build_images:
+        options = HarborOptions(workdir=args.workdir, builder=_builder(args, console))
+    else:
+        options = HarborOptions(
+            workdir=args.workdir, images_dir=args.images_dir, image_format=args.image_format
+        )
     converted = convert_tasks(directories, options)
     _write_rows(args.output, converted.rows)
-    console = Console()
     console.print(f"wrote {len(converted.rows)} task rows to {args.output}")
     for directory, reason in converted.skipped:
-        console.print(f"  skipped {directory}: {reason}", highlight=False)
+        console.print(f"  skipped {directory}: {reason}", highlight=False, markup=False)
     return 0
+
+
+def _builder(args: argparse.Namespace, console: Console) -> _ShownBuilds:
+    """`--build-images`: buildah, with the mirrors, plain-HTTP hosts and credentials given."""
+    from swe_rl.environment import image_cache_config
+    from swe_rl.image_build import BuildahBuilder, BuildConfig
+
+    if args.images_dir is None:
+        raise UsageError("--build-images needs --images-dir (where the built images go)")
+    if args.image_format != "oci_layout":
+        raise UsageError("--build-images writes OCI layouts: --image-format must be oci_layout")
+    if shutil.which("buildah") is None:
+        raise UsageError("--build-images needs buildah (Debian: apt-get install buildah)")
+    try:
+        registries = image_cache_config(
+            plain_http=args.plain_http, credentials=args.registry_credentials
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    mirrors: dict[str, tuple[str, ...]] = {}
+    for host, mirror in args.registry_mirror:
+        mirrors[host] = (*mirrors.get(host, ()), mirror)
+    config = BuildConfig(
+        images_dir=args.images_dir.resolve(),
+        storage_dir=args.build_storage.resolve(),
+        mirrors=mirrors,
+        plain_http=registries.plain_http,
+        credentials=registries.credentials,
+        timeout_s=args.build_timeout,
+    )
+    return _ShownBuilds(BuildahBuilder(config), console)
+
+
+class _ShownBuilds:
+    """The image builder, each build shown while it runs (the task, the time so far) and
+    reported when done."""
+
+    def __init__(self, builder: BuildahBuilder, console: Console) -> None:
+        self.builder = builder
+        self.console = console
+
+    def build(self, name: str, context: Path) -> BuiltImage:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        columns = (SpinnerColumn(), TextColumn("building {task.description}", markup=False))
+        terminal = self.console.is_terminal  # elsewhere (a log): the result line only
+        with Progress(
+            *columns,
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            disable=not terminal,
+        ) as shown:
+            shown.add_task(name, total=None)
+            built = self.builder.build(name, context)
+        if built.built:
+            self.console.print(f"  built {name} in {built.seconds:.1f} s", markup=False)
+        else:
+            self.console.print(f"  {name}: built before ({built.tag})", markup=False)
+        return built
 
 
 def _write_rows(path: Path, rows: Sequence[dict[str, object]]) -> None:

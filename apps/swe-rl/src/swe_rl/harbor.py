@@ -23,9 +23,12 @@ agent's workspace) into the fresh grading sandbox after the agent's change, runs
 `bash /tests/test.sh` and reads the reward file. The reference solution goes to the row's
 `reference` (`swe-rl validate` runs it), never to its metadata.
 
-An environment given only as a Dockerfile that builds something (RUN, COPY, ...) needs an
-image build, which needs a container daemon: such a task is skipped with that reason. A
-Dockerfile that only names its base image (`FROM`, `WORKDIR`, `LABEL`, `ARG`) is that image.
+An environment given only as a Dockerfile that builds something (RUN, COPY, ENV, ...) is
+built by the options' `builder` (`image_build.BuildahBuilder`: buildah, no daemon) into an OCI
+image layout, the row's environment; without a builder such a task is skipped with that
+reason, and so is one whose build fails. A Dockerfile that only names its base image (`FROM`,
+`WORKDIR`, `LABEL`, `ARG`) is that image. Converting stays free of processes unless a builder
+is given.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from swe_rl.image_build import BuildError, BuiltImage
 from swe_rl.task import TaskError, parse_task
 
 TESTS_PATH = "/tests"
@@ -43,6 +47,13 @@ REWARD_FILE = "/logs/verifier/reward.txt"
 #: Dockerfile instructions that leave the base image as it is (anything else builds one; ENV,
 #: USER and SHELL change its configuration, which the base image's lacks).
 _SIMPLE_DOCKERFILE = frozenset({"FROM", "WORKDIR", "LABEL", "ARG"})
+
+
+class ImageBuilder(Protocol):
+    def build(self, name: str, context: Path) -> BuiltImage:
+        """Task `name`'s image, built from `context` (its environment/ directory, holding the
+        Dockerfile) into an OCI layout; BuildError says why not."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +66,9 @@ class HarborOptions:
     image_format: Literal["oci_layout", "rootfs"] = "oci_layout"
     timeout_s: float | None = None
     """The tests' time limit (default: the task's [verifier].timeout_sec)."""
+    builder: ImageBuilder | None = None
+    """Builds the image of a task whose Dockerfile builds one (None: such a task is skipped).
+    `images_dir` is not applied to a built image: the builder says where it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +109,13 @@ def convert_task(directory: Path, options: HarborOptions) -> dict[str, Any]:
     tests = directory / "tests"
     if not (tests / "test.sh").is_file():
         raise TaskError("tests/test.sh", "is missing (the verifier)")
-    image, workdir = _image(directory, environment)
+    image, workdir, builds = _image(directory, environment)
+    if builds and options.builder is None:
+        raise TaskError(
+            "environment/Dockerfile",
+            f"builds an image ({builds}): `--build-images` builds it (buildah, no daemon); "
+            "or give [environment].docker_image",
+        )
     verifier = _table(config, "verifier")
     env = verifier.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
@@ -104,9 +124,12 @@ def convert_task(directory: Path, options: HarborOptions) -> dict[str, Any]:
     if templated:
         raise TaskError(f"verifier.env.{templated[0]}", "takes a value from the host: unsupported")
     timeout = options.timeout_s or float(verifier.get("timeout_sec", 600.0))
+    name = _name(directory, config)
+    located = _built(directory, name, options) if builds else _local(image, options)
+    chosen = environment.get("workdir") or workdir or options.workdir
     metadata = {
-        "instance_id": _name(directory, config),
-        "environment": _environment(image, options, environment.get("workdir") or workdir),
+        "instance_id": name,
+        "environment": {**located, **({"workdir": str(chosen)} if chosen else {})},
         "problem_statement": instruction,
         "grading": {
             "runner": {
@@ -163,33 +186,41 @@ def _name(directory: Path, config: dict[str, Any]) -> str:
     return str(name) if isinstance(name, str) and name.strip() else directory.name
 
 
-def _image(directory: Path, environment: dict[str, Any]) -> tuple[str, str | None]:
-    """The task's image reference and the working directory its Dockerfile sets, if any."""
+def _image(directory: Path, environment: dict[str, Any]) -> tuple[str, str | None, str]:
+    """The task's image reference (its base, when built), the working directory its
+    Dockerfile sets (if any) and the first instruction that builds its image ("": none)."""
     dockerfile = directory / "environment" / "Dockerfile"
     named = environment.get("docker_image")
     workdir = None
     base = None
+    builds = ""
     if dockerfile.is_file():
         base, workdir, builds = _read_dockerfile(dockerfile.read_text(encoding="utf-8"))
-        if named is None and builds:
-            raise TaskError(
-                "environment/Dockerfile",
-                f"builds an image ({builds}): that needs a container daemon, unsupported here; "
-                "give [environment].docker_image",
-            )
     image = named or base
     if not isinstance(image, str) or not image.strip():
         raise TaskError("environment", "names no image (docker_image or a Dockerfile's FROM)")
-    return image, workdir
+    return image, workdir, "" if named is not None else builds
+
+
+def _built(directory: Path, name: str, options: HarborOptions) -> dict[str, str]:
+    """The task's image, built from its environment/ directory by the options' builder."""
+    assert options.builder is not None
+    try:
+        built = options.builder.build(name, directory / "environment")
+    except BuildError as error:
+        raise TaskError("environment/Dockerfile", f"the image build failed: {error}") from None
+    return {"oci_layout": str(built.layout.resolve()), "ref": built.tag}
 
 
 _INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s+(.*)$")
 
 
 def _read_dockerfile(text: str) -> tuple[str | None, str | None, str]:
-    """(FROM image, last WORKDIR, the first instruction that builds something or "")."""
+    """(last FROM image, its stage's last WORKDIR, the first instruction that builds
+    something or "")."""
     joined = re.sub(r"\\\n", " ", text)
     base = workdir = None
+    builds = ""
     for line in joined.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -200,16 +231,12 @@ def _read_dockerfile(text: str) -> tuple[str | None, str | None, str]:
         if keyword == "FROM":
             words = [w for w in rest.split() if not w.startswith("--")]
             base = words[0] if words else None
+            workdir = None  # a new stage: the image's own, unless it sets one
         elif keyword == "WORKDIR":
             workdir = rest if rest.startswith("/") else workdir
         elif keyword not in _SIMPLE_DOCKERFILE:
-            return base, workdir, f"{keyword} {rest}"[:80]
-    return base, workdir, ""
-
-
-def _environment(image: str, options: HarborOptions, workdir: object) -> dict[str, str]:
-    chosen = workdir or options.workdir
-    return {**_local(image, options), **({"workdir": str(chosen)} if chosen else {})}
+            builds = builds or f"{keyword} {rest}"[:80]
+    return base, workdir, builds
 
 
 def _local(image: str, options: HarborOptions) -> dict[str, str]:
