@@ -99,6 +99,16 @@ def test_the_demo_runs_end_to_end_and_leaves_nothing(tmp_path: Path, subreaper: 
     output, _ = child.communicate(timeout=300)
     assert child.returncode == 0, output
     assert "The policy is SCRIPTED" in output
+    # Piped, as here: no live bar, so a line says what is going on at each step.
+    assert "building the Qwen3 tokenizer" in output
+    assert "running 6 episodes, 3 at a time" in output
+    assert [line.split(":")[0] for line in output.splitlines() if " finished: " in line] == [
+        f"episode {n}/6 finished" for n in range(1, 7)
+    ]
+    # The table names the files grading refused (the scripted cheats rewrite the tests), and
+    # says what the masked tokens are.
+    assert "refused test_" in output
+    assert "system prompt and tool schemas" in output
     run = json.loads((out / "run.json").read_text())
     episodes = run["episodes"]
     assert len(episodes) == 6
@@ -133,6 +143,10 @@ def test_sigterm_finishes_what_it_can_and_exits_clean(tmp_path: Path, subreaper:
     assert "interrupted" in reasons
     finished = [e for e in run["episodes"] if e["status"] == "completed"]
     assert finished
+    # The stopped episodes are no silent failure: no alarm; the run says it was interrupted.
+    assert run["alarms"] == []
+    assert run["gates"]["zero_trainable"]["episodes"] == len(reasons) - reasons.count("interrupted")
+    assert "interrupted: " in output
     written = {
         json.loads(line)["index"] for line in (out / "samples.jsonl").read_text().splitlines()
     }

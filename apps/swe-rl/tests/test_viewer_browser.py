@@ -17,7 +17,7 @@ from protocol_adapters import Vocabulary
 from swe_rl.viewer import Chromium, ChromiumConfig, ChromiumError, screenshot, write_viewer
 from swe_rl.viewer.chromium import READY, Page
 from swe_rl.viewer.legend import REASONS
-from trajectory_tree import linearize
+from trajectory_tree import LossReason, linearize
 
 from .test_viewer_kit import (
     CONFTEST_WHY,
@@ -528,6 +528,117 @@ def test_alarms_and_status_chips_filter_the_episodes(page: Page) -> None:
     assert page.evaluate(visible) == ["ep-rich", "ep-broken"]
     page.click('.chip.status[data-status="all"]')
     assert page.evaluate(visible) == EPISODES
+
+
+def test_masked_tokens_are_explained_by_reason_on_the_page_and_in_each_episode(
+    page: Page, recorded: RecordedRun
+) -> None:
+    """Most of a sample is masked (the CLI's system prompt and tool schemas): the page says
+    why in words, without hovering, with the run's counts; an episode's accounting splits its
+    masked tokens by reason."""
+    lins = {episode: linearize(tree) for episode, tree in recorded.trees.items()}
+    masked: dict[str, int] = {}
+    excluded: dict[str, int] = {}
+    for lin in lins.values():
+        for sample in lin.samples:
+            for reason, n in sample.masked_tokens().items():
+                masked[str(reason)] = masked.get(str(reason), 0) + n
+        for reason, n in lin.excluded_tokens().items():
+            excluded[str(reason)] = excluded.get(str(reason), 0) + n
+    shown = page.evaluate(
+        "Array.from(document.querySelectorAll('.masked-why dt')).map(d => ["
+        " d.dataset.reason, d.textContent, d.nextElementSibling.textContent])"
+    )
+    order = [str(reason) for reason in REASONS]
+    assert [code for code, _, _ in shown] == sorted({*masked, *excluded}, key=order.index)
+    assert "generated" not in masked
+    for code, label, words in shown:
+        reason = LossReason(code)
+        assert label == REASONS[reason].label
+        counts = []
+        if code in masked:
+            counts.append(
+                f"{masked[code]:,} masked (about {round(masked[code] / 3):,} per episode)"
+            )
+        if code in excluded:
+            counts.append(f"{excluded[code]:,} generated tokens excluded")
+        assert words == "; ".join(counts) + ". " + REASONS[reason].description
+    context = next(words for code, _, words in shown if code == "context")
+    assert "system prompt and tool schemas" in context
+    head = page.evaluate("document.querySelector('.masked-why .mw-head').textContent")
+    trained = sum(s.trained_tokens for s in lins["ep-rich"].samples) + sum(
+        s.trained_tokens for s in lins["ep-short"].samples
+    )  # ep-aborted trains nothing
+    assert f"{trained:,} trained (loss 1" in head
+    assert f"{sum(masked.values()):,} masked (loss 0)" in head
+
+    open_episode(page, "ep-rich")
+    facts = page.evaluate(
+        "Array.from(document.querySelectorAll('.episode.open .fact[data-masked]'))"
+        ".map(f => [f.dataset.masked, f.querySelector('.v').textContent, f.title])"
+    )
+    rich: dict[str, int] = {}
+    for sample in lins["ep-rich"].samples:
+        for reason, n in sample.masked_tokens().items():
+            rich[str(reason)] = rich.get(str(reason), 0) + n
+    assert facts == [
+        [code, f"{n:,}", REASONS[LossReason(code)].description] for code, n in sorted(rich.items())
+    ]
+
+
+def test_an_interrupted_run_is_marked_and_raises_no_false_alarm(
+    browser: Chromium, recorded: RecordedRun, decode: Callable[[int], str], tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    for path in recorded.directory.rglob("*"):
+        if path.is_file() and path.name != "viewer.html":
+            (run / path.relative_to(recorded.directory)).parent.mkdir(parents=True, exist_ok=True)
+            (run / path.relative_to(recorded.directory)).write_bytes(path.read_bytes())
+    data = json.loads((run / "run.json").read_text())
+    data["interrupted"] = True
+    data["alarms"] = []  # swe_rl.run leaves stopped episodes out of the gates
+    stopped = {
+        "episode_id": "ep-stopped",
+        "instance_id": "calc__sub-2",
+        "group": 1,
+        "reward": 0.0,
+        "advantage": None,
+        "status": "aborted",
+        "reason": "interrupted",
+        "dir": "",
+    }
+    data["episodes"].append(stopped)
+    (run / "run.json").write_text(json.dumps(data))
+    tab = browser.open(write_viewer(run, decode))
+    tab.wait_for(READY)
+    banner = tab.evaluate("document.querySelector('.interrupted').textContent")
+    assert banner.startswith("Interrupted.")
+    assert "1 episode was cut short" in banner
+    assert "count towards no silent-failure alarm" in banner
+    assert "the 4 others finished" in banner
+    assert tab.evaluate("document.querySelectorAll('.alarm').length") == 0
+    assert tab.evaluate("document.querySelector('.calm').textContent") == (
+        "No silent-failure alarm tripped in the episodes that finished."
+    )
+    card = tab.evaluate(
+        "(() => { const e = document.querySelector('.episode[data-episode=\"ep-stopped\"]');"
+        " return [e.querySelector('.pill').textContent,"
+        " Array.from(e.querySelectorAll('.flag')).map(f => f.textContent),"
+        " e.querySelector('.ep-meta').textContent]; })()"
+    )
+    assert card == ["interrupted", [], "stopped before it finished"]
+    tiles = tab.evaluate(
+        "Array.from(document.querySelectorAll('.tile .k')).map(k => k.textContent)"
+    )
+    assert "aborted (1 interrupted)" in tiles
+    open_episode(tab, "ep-stopped")
+    notes = tab.evaluate(
+        "Array.from(document.querySelectorAll('.episode.open .ep-body > .note'))"
+        ".map(n => n.textContent)"
+    )
+    assert notes[0].startswith("Stopped by the interrupt before it finished")
+    assert tab.errors() == []
+    tab.close()
 
 
 def test_a_broken_episode_shows_its_error_and_what_files_it_has(page: Page) -> None:

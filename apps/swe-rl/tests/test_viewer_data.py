@@ -214,6 +214,75 @@ def test_cards_carry_outcome_accounting_and_the_gates_each_episode_trips(
     assert index["alarms"][0]["gate"] == "zero_trainable"
 
 
+def interrupted_run(recorded: RecordedRun, target: Path) -> Path:
+    """The recorded run as an interrupt leaves it (swe_rl.run): marked interrupted, two more
+    episodes stopped before they finished (no directory, nothing recorded), no alarm."""
+    run = copy_run(recorded, target)
+
+    def interrupt(data: dict[str, Any]) -> None:
+        data["interrupted"] = True
+        data["alarms"] = []
+        for number in (1, 2):
+            data["episodes"].append(
+                {
+                    "episode_id": f"ep-stopped-{number}",
+                    "instance_id": "calc__sub-2",
+                    "group": 1,
+                    "reward": 0.0,
+                    "advantage": None,
+                    "status": "aborted",
+                    "reason": "interrupted",
+                    "dir": "",
+                }
+            )
+
+    edit_run(run, interrupt)
+    return run
+
+
+def test_an_interrupted_run_says_so_and_its_stopped_episodes_trip_no_gate(
+    recorded: RecordedRun, decode: Callable[[int], str], tmp_path: Path
+) -> None:
+    index = blocks(write_viewer(interrupted_run(recorded, tmp_path / "run"), decode)).json[
+        "run-data"
+    ]
+    assert index["interrupted"] is True
+    assert index["alarms"] == []
+    *finished, first, second = index["episodes"]
+    for card in (first, second):
+        assert card["stopped"] is True
+        assert (card["status"], card["reason"]) == ("aborted", "interrupted")
+        assert card["flags"] == []  # not "trains no token": nothing ran to an outcome
+        assert card["error"] is None  # no directory is no fault of a stopped episode
+        assert card["stats"] is None
+    assert [card["stopped"] for card in finished] == [False] * 4
+    # A run that was not interrupted says so too (older run.json files have no key).
+    plain = blocks(write_viewer(recorded.directory, decode)).json["run-data"]
+    assert plain["interrupted"] is False
+
+
+def test_an_aborted_episode_that_says_interrupted_but_has_files_is_shown_as_recorded(
+    recorded: RecordedRun, decode: Callable[[int], str], tmp_path: Path
+) -> None:
+    run = copy_run(recorded, tmp_path / "run")
+
+    def relabel(data: dict[str, Any]) -> None:
+        data["episodes"][2]["reason"] = "interrupted"  # ep-aborted, whose tree is on disk
+
+    edit_run(run, relabel)
+    card = blocks(write_viewer(run, decode)).json["run-data"]["episodes"][2]
+    assert card["stopped"] is True
+    assert card["stats"] is not None  # its tree is shown, greyed: it trains nothing
+    assert [f["gate"] for f in card["flags"]] == ["zero_trainable"]
+
+
+def test_the_legend_says_what_the_masked_context_is() -> None:
+    context = REASONS[LossReason.CONTEXT].description
+    assert "system prompt" in context
+    assert "tool schemas" in context
+    assert "never trained" in context
+
+
 GRADING_KEYS = {"verdict", "reason", "timed_out", "refused_paths", "tests", "tests_passing"}
 
 

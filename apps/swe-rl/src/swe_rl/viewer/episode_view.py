@@ -74,8 +74,11 @@ def episode_view(
         "error": None,
         "stats": None,
         "flags": [],
+        "stopped": entry.stopped,
     }
     artifacts: dict[str, Any] = {}
+    if entry.stopped and not entry.dir:  # the interrupt came first: nothing to show, no alarm
+        return EpisodeView(card, script_json({"artifacts": artifacts}))
     try:
         directory = episode_dir(run_dir, entry)
         artifacts = _artifacts(directory)

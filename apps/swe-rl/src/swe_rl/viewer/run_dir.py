@@ -1,6 +1,7 @@
 """The run directory, read back: what the demo and `swe-rl rollout` write and the viewer shows.
 
-    <run>/run.json                         the index below (title, policy, agent, episodes, alarms)
+    <run>/run.json                         the index below (title, policy, agent, episodes, alarms,
+                                           interrupted)
     <run>/episodes/<episode_id>/tree.json  the session tree (`trajectory_tree.dumps`)
     <run>/episodes/<episode_id>/summary.json, diff.patch, grading.log   optional artifacts
 
@@ -25,6 +26,8 @@ from slime_backend import ConfigError, EpisodeStatus, FieldError, from_mapping
 
 RUN_FILE = "run.json"
 TREE_FILE = "tree.json"
+INTERRUPTED = "interrupted"
+"""The reason of an episode an interrupt stopped (as swe_rl.run records it)."""
 
 
 class RunDirError(ValueError):
@@ -75,6 +78,11 @@ class EpisodeEntry:
     def __post_init__(self) -> None:
         _finite(self, "reward", "advantage")
 
+    @property
+    def stopped(self) -> bool:
+        """Stopped by an interrupt before it finished: the run recorded no outcome for it."""
+        return self.status is EpisodeStatus.ABORTED and self.reason == INTERRUPTED
+
 
 @dataclass(frozen=True, slots=True)
 class RunIndex:
@@ -83,6 +91,8 @@ class RunIndex:
     agent: str
     episodes: tuple[EpisodeEntry, ...]
     alarms: tuple[Alarm, ...]
+    interrupted: bool = False
+    """The run was stopped (Ctrl-C, SIGTERM) before every episode finished."""
 
 
 def read_run(run_dir: Path) -> RunIndex:

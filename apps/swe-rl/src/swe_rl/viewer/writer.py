@@ -59,6 +59,7 @@ def _index(
         "policy": run.policy,
         "agent": run.agent,
         "alarms": [dataclasses.asdict(alarm) for alarm in run.alarms],
+        "interrupted": run.interrupted,
         "legend": legend(),
         "conversion": {
             "max_sample_tokens": options.max_sample_tokens,
