@@ -149,6 +149,10 @@ _FAST_PATH = (
     "routing's fast path (a key hit) skipped: same_message then decides, and it agrees with"
     " key equality (test_messages_with_equal_keys_are_the_same_message)"
 )
+_APPEND = (
+    "the audit leaves a template whose generation prompt rewrites earlier text to full renders"
+    " (Verdict.FULL_RENDER_ONLY), so on a bridged turn it only adds text after the last message"
+)
 EQUIVALENT: dict[str, str] = {
     # "<module>::<function>::<line before> => <line after>" (source lines, stripped; " / " joins
     # the lines of a multi-line node): survivors that change nothing a caller can observe, each
@@ -182,12 +186,6 @@ EQUIVALENT: dict[str, str] = {
     '_serialize.py::_rebuild::node.touched = int(entry.get("touched", 0))'
     ' => node.touched = int(entry.get("touched", 1))': (
         "a document without stamps gives every node the same one, whichever it is"
-    ),
-    "_tree.py::_best_child::if child.matches(message) and (best is None or child.touched >"
-    " best.touched): => if child.matches(message) and (best is None or (child.touched >="
-    " best.touched)):": (
-        "siblings never share a stamp (a record stamps one path with a fresh clock value), so"
-        " > and >= pick the same child; only a document without stamps could tie them"
     ),
     "_tree.py::SessionTree._register_context::if route.anchor.id >= 0:"
     " => if (route.anchor.id > 0):": (
@@ -227,6 +225,47 @@ EQUIVALENT: dict[str, str] = {
     '_messages.py::Message.__post_init__::"E" if self.is_error else "",'
     ' => "E" if (not (self.is_error)) else "",': (
         "the key marks errors the other way round: keys still differ exactly when is_error does"
+    ),
+    # -- bridge
+    "_rendering/renderer.py::RendererConfig::context_cache_size: int = 16"
+    " => context_cache_size: int = 17": (
+        "the default size of the cache of probe results: a context pushed out is probed again,"
+        " to the same results (test_the_probes_of_the_most_recently_used_contexts_are_kept holds"
+        " a size given)"
+    ),
+    "_rendering/renderer.py::_names_for::index = matched - 1 => index = matched - 0": (
+        "the walk back starts at the first new message instead of the one before it: that"
+        " message's calls are in names already and out of wanted, so it finds nothing there"
+    ),
+    "_rendering/renderer.py::Renderer._reasoning_kept::skeleton, add_generation_prompt=False,"
+    " names=call_names(skeleton) => skeleton, add_generation_prompt=True,"
+    " names=call_names(skeleton)": (
+        "the skeleton ends on the request's last message, never a reply (a request ending on a"
+        " reply is rendered in full), and a generation prompt after it is an append: " + _APPEND
+    ),
+    "_rendering/conversation.py::TemplateContext.header::text = self.render_after(key[0],"
+    " (probe,), gen=False) => text = self.render_after(key[0], (probe,), gen=True)": (
+        "a generation prompt after the probe is an append, so the text before its content is"
+        " the same: " + _APPEND
+    ),
+    "_rendering/conversation.py::Slot::leading: bool = False => leading: bool = True": (
+        "Slot.of sets leading for every system message and base() reads it only for a system"
+        " slot: the default changes only the cache keys of other slots"
+    ),
+    "_rendering/conversation.py::Slot::text: bool = True => text: bool = False": (
+        "base() reads text only for an assistant slot with calls, and every such slot comes from"
+        " Slot.of, which sets it: the default changes only cache keys"
+    ),
+    "_rendering/segments.py::common_prefix_at::limit = min(len(piece), len(text) - start)"
+    " => limit = min(len(piece), (len(text) + start))": (
+        "a bound past the text's end only widens the binary search: a prefix longer than the"
+        " text left never matches, so the same longest prefix is found"
+    ),
+    "_rendering/segments.py::message_regions::if len(messages) == 1: => if len(messages) == 0:": (
+        "one message's region is the whole text either way (the loop renders it once more, alone"
+        " and without the generation prompt it was just rendered with, for an end it then"
+        " replaces with the text's), and no caller passes no messages (_bridge labels only new"
+        " ones)"
     ),
 }
 

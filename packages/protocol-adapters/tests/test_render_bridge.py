@@ -10,9 +10,12 @@ same conversation: equal, because the scripted outputs are what the template wou
 from __future__ import annotations
 
 import json
+import math
+import random
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -28,16 +31,24 @@ from protocol_adapters._rendering import (
     TemplateMode,
     qwen3_template,
 )
-from protocol_adapters._rendering.check import Place, _whole
-from protocol_adapters._rendering.conversation import Slot, TemplateContext
+from protocol_adapters._rendering.check import Place, _whole, check_reply
+from protocol_adapters._rendering.conversation import (
+    SENTINEL,
+    BridgeText,
+    Slot,
+    TemplateContext,
+    bridge_text,
+)
 from protocol_adapters._rendering.renderer import (
     ENDS_ON_REPLY,
     KEPT_EARLIER,
     OUTPUT_KEPT,
     PROMPT_MISMATCH,
     TEMPLATE_MODE,
+    _names_for,
+    _skeleton,
 )
-from protocol_adapters._rendering.segments import common_prefix_at, label_text
+from protocol_adapters._rendering.segments import common_prefix_at, label_text, segment_ids
 from protocol_adapters._rendering.template_messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from protocol_adapters._types import AdapterError, ErrorKind
@@ -50,12 +61,15 @@ from trajectory_tree import (
     Media,
     Message,
     Prompt,
+    Reasoning,
     Segment,
     SessionTree,
     Text,
     ToolCall,
     ToolSpec,
     linearize,
+    tree_from_dict,
+    tree_to_dict,
 )
 
 from .template_session import ChatSession, results
@@ -492,6 +506,11 @@ def test_a_bridged_prompt_is_refused_exactly_past_the_limit(qwen: Vocabulary) ->
         with pytest.raises(PromptTooLong) as refused:
             renderer.render(route, max_tokens=limit)
         assert refused.value.tokens > limit
+    # a limit those parts alone pass is refused before the new messages are encoded: the count
+    # is theirs
+    with pytest.raises(PromptTooLong) as early:
+        renderer.render(route, max_tokens=around - 1)
+    assert early.value.tokens == around
 
 
 def test_count_tokens_refuses_past_the_limit(qwen: Vocabulary) -> None:
@@ -578,11 +597,16 @@ PLAIN = ChatTemplate(
     {},
 )
 
+QUOTED = ChatTemplate(
+    "quoted", "{%- for m in messages %}{{- '>' + m.content + '\\n' }}{%- endfor %}"
+)
+
 
 def test_labels_cover_the_text_from_a_first_character_of_content_to_its_end() -> None:
     """A template without headers puts the first message's content at the very start, where a
-    one-character content is still content; the last label runs to the end of the text
-    whatever follows the last message there."""
+    one-character content is still content, and one with a one-character header puts a
+    one-character scaffold there; the last label runs to the end of the text whatever follows
+    the last message there."""
     user = Message.text("user", "x")
     context = TemplateContext(PLAIN, Prompt((user,)))
     assert label_text(context, [None], [user], "x\n", {}) == [
@@ -597,3 +621,281 @@ def test_labels_cover_the_text_from_a_first_character_of_content_to_its_end() ->
         (4, LossReason.CONTEXT),
         (7, LossReason.TEMPLATE_SCAFFOLD),
     ]
+    quoted = TemplateContext(QUOTED, Prompt((user,)))
+    assert label_text(quoted, [None], [user], ">x\n", {}) == [
+        (1, LossReason.TEMPLATE_SCAFFOLD),
+        (2, LossReason.CONTEXT),
+        (3, LossReason.TEMPLATE_SCAFFOLD),
+    ]
+
+
+def test_a_turn_is_checked_when_the_seeded_draw_falls_below_the_rate(qwen: Vocabulary) -> None:
+    """A rate r checks a turn with probability r exactly: when the seeded draw, in [0, 1), is
+    below it. A rate equal to the draw does not check that turn; the next rate up does."""
+    draw = random.Random(5).random()
+    for rate, checked in ((draw, False), (math.nextafter(draw, 1.0), True)):
+        config = RendererConfig(check_sample_rate=rate, seed=5)
+        assert fresh_turns(Renderer(qwen, qwen3_template(), config), 1) == [checked]
+
+
+def call(call_id: str, name: str) -> Message:
+    return Message("assistant", (ToolCall(call_id, name, "{}"),))
+
+
+def answer(call_id: str) -> Message:
+    return Message("tool", (Text("out"),), tool_call_id=call_id)
+
+
+def test_a_result_is_named_after_the_nearest_call_with_its_id_before_it() -> None:
+    """Call ids can repeat (models and clients that number calls per turn): a new result is
+    named after the call with its id that comes last before it, one among the new messages
+    first, else the latest earlier one."""
+    user = Message.text("user", "go")
+    earlier = [user, call("c0", "bash"), answer("c0")]
+    both = (ToolCall("c0", "read", "{}"), ToolCall("c1", "grep", "{}"))
+    latest = [*earlier, Message("assistant", both)]
+    assert _names_for([*latest, answer("c0"), answer("c1")], len(latest)) == {
+        "c0": "read",
+        "c1": "grep",
+    }
+    matched = [*earlier, Message.text("user", "again")]
+    written = [call("c0", "read"), answer("c0")]  # a call the client wrote, then its result
+    assert _names_for([*matched, *written], len(matched)) == {"c0": "read"}
+
+
+def test_a_skeleton_keeps_a_messages_shape_and_none_of_its_length() -> None:
+    """Texts become one-character stand-ins, arguments an empty mapping, reasoning a marker of
+    the message's position; every block keeps its place, whatever its kind."""
+    reply = Message(
+        "assistant",
+        (
+            Reasoning("a long plan " * 40),
+            Text("a long answer " * 40),
+            ToolCall("c0", "bash", '{"command": "ls -la"}'),
+        ),
+    )
+    assert _skeleton(reply, 3).content == (
+        Reasoning("@@reasoning-3@@"),
+        Text("x"),
+        ToolCall("c0", "bash", "{}"),
+    )
+    image = Media("image/png", "aGk=")
+    assert _skeleton(Message("user", (Text("look " * 50), image)), 0).content == (Text("x"), image)
+
+
+def test_a_slot_is_what_a_probe_must_end_like() -> None:
+    """A system message leads only when it opens the conversation; a tool result's slot holds
+    the call it answers (its id and its function's name), and its probe conversation makes
+    that very call and answers it."""
+    user, reply = Message.text("user", "go"), Message.text("assistant", "ok")
+    system = Message.text("system", "s")
+    assert Slot.of([system, user], 0, {}).leading
+    later = Slot.of([user, reply, system], 2, {})
+    assert not later.leading
+    assert [m.role for m in later.base()] == ["user", "assistant", "system"]
+    result = Slot.of([user, call("call_7", "bash"), answer("call_7")], 2, {"call_7": "bash"})
+    assert result.calls == (("call_7", "bash"),)
+    _, made, answered = result.base()
+    assert made.tool_calls == (ToolCall("call_7", "bash", "{}"),)
+    assert answered.tool_call_id == "call_7"
+
+
+SILENT_SYSTEM = ChatTemplate(
+    "silent-system",
+    "{%- for m in messages if m.role != 'system' %}{{- m.content + '\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '> ' }}{%- endif %}",
+)
+REPLIES_ONLY = ChatTemplate(
+    "replies-only",
+    "{%- for m in messages if m.role == 'assistant' %}{{- m.content + '<end>' }}{%- endfor %}",
+)
+NO_REPLIES = ChatTemplate(
+    "no-replies",
+    "{%- for m in messages if m.role != 'assistant' %}{{- m.content + '\\n' }}{%- endfor %}",
+)
+GENERATION_BY_LAST_CONTENT = ChatTemplate(
+    "generation-by-last-content",
+    "{%- for m in messages %}{{- m.content }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- 'A' if messages[-1].content == '' else 'eA' }}{%- endif %}",
+)
+
+
+def test_a_header_is_the_template_text_before_a_probes_content() -> None:
+    """Empty for a template that writes nothing before the first message, unknown (None) for
+    one that leaves the probe's content out."""
+    context = TemplateContext(qwen3_template(), Prompt((Message.text("user", "go"),)))
+    assert context.header(Slot("assistant"), "user") == "<|im_start|>user\n"
+    assert context.header(Slot("assistant"), "tool") == "<|im_start|>user\n<tool_response>\n"
+    assert TemplateContext(PLAIN, Prompt(())).header(None, "user") == ""
+    assert TemplateContext(SILENT_SYSTEM, Prompt(())).header(None, "system") is None
+
+
+def test_the_assistant_tail_is_what_follows_a_replys_content() -> None:
+    """Found wherever the content is, the very start of the render included; a template that
+    leaves replies out has none."""
+    assert TemplateContext(REPLIES_ONLY, Prompt(())).assistant_tail() == "<end>"
+    with pytest.raises(ValueError, match="drops assistant content"):
+        TemplateContext(NO_REPLIES, Prompt(())).assistant_tail()
+
+
+def test_new_messages_are_the_render_between_the_base_and_the_generation_prompt() -> None:
+    """A message the template renders as nothing is bridged as nothing; a render shorter than
+    the base and the generation prompt together (they overlap) is no append of the two."""
+    user, note = Message.text("user", "go"), Message.text("system", "note")
+    silent = TemplateContext(SILENT_SYSTEM, Prompt(()))
+    assert bridge_text(silent, Slot("user"), [note], Slot.of([user, note], 1, {})) == BridgeText(
+        "", "> "
+    )
+    overlapping = TemplateContext(GENERATION_BY_LAST_CONTENT, Prompt(()))
+    empty = Message.text("user", "")
+    assert overlapping.generation_prompt(Slot("user")) == "eA"
+    assert overlapping.render_after(Slot("user"), [empty], gen=True) == "baseA"
+    assert bridge_text(overlapping, Slot("user"), [empty], Slot("user")) is None
+
+
+def test_ids_are_cut_where_the_spans_end_and_none_is_lost() -> None:
+    """Tokens "ab", "c", "de": a span no token starts in gets no segment, and the last span
+    takes every id left, even one that starts past its end."""
+    ids, offsets = [1, 2, 3], [(0, 2), (2, 3), (3, 5)]
+    context, tool = LossReason.CONTEXT, LossReason.TOOL_OUTPUT
+    scaffold = LossReason.TEMPLATE_SCAFFOLD
+    assert segment_ids(ids, offsets, [(1, context), (2, tool), (3, scaffold), (5, context)]) == [
+        Segment(context, [1]),
+        Segment(scaffold, [2]),
+        Segment(context, [3]),
+    ]
+    assert segment_ids(ids, offsets, [(1, context), (3, scaffold)]) == [
+        Segment(context, [1]),
+        Segment(scaffold, [2, 3]),
+    ]
+
+
+FIRST_MARKED = ChatTemplate(
+    "first-marked",
+    "{%- for m in messages %}{%- if loop.first %}{{- '[first]' }}{%- endif %}"
+    "{{- m.content + '\\n' }}{%- endfor %}",
+)
+
+
+def test_a_reply_that_opens_the_conversation_is_compared_with_its_render_first(
+    qwen: Vocabulary,
+) -> None:
+    """A turn recorded for a request of no messages (the tree takes one): its reply is the
+    conversation's first message, rendered with nothing before it."""
+    tree = SessionTree()
+    reply = Message.text("assistant", "hello")
+    first = Completion(qwen.encode("hello"), [-0.1], FinishReason.STOP)
+    tree.record(tree.route(Prompt(())), BridgedPrompt((), qwen.encode("[first]")), first, reply)
+    later = tree.route(Prompt((reply, Message.text("user", "more"))))
+    assert later.previous_generated is not None
+    assert check_reply(later, TemplateContext(FIRST_MARKED, later.prompt), qwen, "\n", {}) is None
+
+
+def test_a_reply_read_without_a_generation_prompt_span_differs_from_its_first_token(
+    qwen: Vocabulary,
+) -> None:
+    """A document may leave out the empty generation prompt's span of a reply: the reply's
+    tokens are then all output, and a difference in its first token is the output's (here the
+    client echoed it without its reasoning), never a generation prompt's."""
+    tree = SessionTree()
+    go = Message.text("user", "go")
+    output = qwen.encode("<think>\nplan\n</think>\n\nhello")
+    reply = Message("assistant", (Reasoning("plan"), Text("hello")))
+    sent = BridgedPrompt([Segment(LossReason.CONTEXT, qwen.encode("go\n"))], [])
+    completion = Completion(output, [-0.1] * len(output), FinishReason.STOP)
+    tree.record(tree.route(Prompt((go,))), sent, completion, reply)
+    document = tree_to_dict(tree)
+    (entry,) = [node for node in document["nodes"] if "turn" in node]
+    assert entry["spans"][0] == [str(LossReason.TEMPLATE_SCAFFOLD), 0]
+    entry["spans"] = entry["spans"][1:]
+    echo = Message.text("assistant", "hello")
+    later = tree_from_dict(document).route(Prompt((go, echo, Message.text("user", "more"))))
+    assert later.anchor.spans == ((LossReason.GENERATED, len(output)),)
+    mismatch = check_reply(later, TemplateContext(PLAIN, later.prompt), qwen, "\n", {})
+    assert mismatch is not None
+    assert mismatch.place is Place.OUTPUT
+    assert mismatch.reason.startswith("the client echoed turn 0's reply re-serialized or trimmed")
+
+
+@dataclass
+class Work:
+    """What a renderer asks of its template and vocabulary: the contents of the messages of
+    each render, and each text encoded."""
+
+    renders: list[list[str]] = field(default_factory=list)
+    encoded: list[str] = field(default_factory=list)
+
+    def probes(self) -> int:
+        """Renders of probe conversations only (every message's content ``base`` or the
+        sentinel, whose words are none of a real conversation's here)."""
+        return sum(all(c in {"base", SENTINEL} for c in contents) for contents in self.renders)
+
+
+@pytest.fixture
+def work(monkeypatch: pytest.MonkeyPatch) -> Work:
+    seen = Work()
+    render_raw = ChatTemplate.render_raw
+    encode, encode_with_offsets = Vocabulary.encode, Vocabulary.encode_with_offsets
+
+    def rendered(self: ChatTemplate, messages: Sequence[Any], *args: Any, **kwargs: Any) -> str:
+        seen.renders.append([str(m["content"]) for m in messages])
+        return render_raw(self, messages, *args, **kwargs)
+
+    def encoded(self: Vocabulary, text: str, **kwargs: Any) -> list[int]:
+        seen.encoded.append(text)
+        return encode(self, text, **kwargs)
+
+    def encoded_with_offsets(
+        self: Vocabulary, text: str, **kwargs: Any
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        seen.encoded.append(text)
+        return encode_with_offsets(self, text, **kwargs)
+
+    monkeypatch.setattr(ChatTemplate, "render_raw", rendered)
+    monkeypatch.setattr(Vocabulary, "encode", encoded)
+    monkeypatch.setattr(Vocabulary, "encode_with_offsets", encoded_with_offsets)
+    return seen
+
+
+def test_a_turn_in_a_context_seen_before_renders_and_encodes_only_its_own_messages(
+    qwen: Vocabulary, work: Work
+) -> None:
+    """What the probes taught (texts before and after messages, generation prompts and their
+    ids) is kept per request context: a turn like one before (here the client sends another
+    message in place of its last) renders the template only with its own messages in it and
+    encodes only its closing scaffold and new message."""
+    renderer = Renderer(qwen, qwen3_template(), RendererConfig(check_sample_rate=0.0))
+    session = Session(renderer, qwen)
+    session.turn([Message.text("user", "go")], "hello")
+    session.turn([Message.text("user", "more")], "ok")
+    other = Prompt((*session.messages[:2], Message.text("user", "other")), TOOLS)
+    again = session.tree.route(other)
+    work.renders.clear()
+    work.encoded.clear()
+    rendered = renderer.render(again)
+    assert isinstance(rendered.prompt, BridgedPrompt)
+    assert work.renders, "the new message and the reply before it are rendered"
+    assert all({"go", "hello", "other"} & set(contents) for contents in work.renders)
+    assert work.encoded == ["\n", "<|im_start|>user\nother<|im_end|>\n"]
+
+
+def test_the_probes_of_the_most_recently_used_contexts_are_kept(
+    qwen: Vocabulary, work: Work
+) -> None:
+    """``context_cache_size`` contexts keep what their probes taught: using one keeps it, and a
+    new one pushes out the one used longest ago, whose next turn probes the template again."""
+    config = RendererConfig(check_sample_rate=0.0, context_cache_size=2)
+    renderer = Renderer(qwen, qwen3_template(), config)
+    first, second, third = TOOLS[:1], TOOLS[1:], TOOLS
+
+    def probes(tools: Sequence[ToolSpec]) -> int:
+        before = work.probes()
+        renderer.render(SessionTree().route(Prompt((Message.text("user", "go"),), tools)))
+        return work.probes() - before
+
+    assert probes(first) > 0
+    assert probes(second) > 0
+    assert probes(first) == 0  # kept, and now the most recently used
+    assert probes(third) > 0  # pushes out the second
+    assert probes(first) == 0
+    assert probes(second) > 0

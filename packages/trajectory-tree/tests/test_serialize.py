@@ -195,6 +195,24 @@ def test_a_node_read_without_a_message_matches_no_message() -> None:
     assert s.tree.route(prompt(SYS, user("a"))).matched == 2
 
 
+def test_a_retry_and_the_answer_it_retried_read_without_stamps_route_to_the_first() -> None:
+    """A document without recency stamps (written by hand, or by another writer) says only in
+    which order a retry and the answer it retried were recorded: the first is the lineage a
+    follow-up continues, as the equally recent siblings' order is all routing has to go by."""
+    s = Session()
+    answer = reply("same text")
+    s.turn(prompt(SYS, TASK), answer)
+    s.turn(prompt(SYS, TASK), answer, output=[*b"same", *b" text", 257, 257])
+    follow = prompt(SYS, TASK, answer, user("go on"))
+    assert s.tree.route(follow).previous_generated is s.tree.turns[1]  # stamped: the retry
+    doc = tree_to_dict(s.tree)
+    for node in doc["nodes"]:
+        del node["touched"]
+    routed = tree_from_dict(doc).route(follow).previous_generated
+    assert routed is not None
+    assert routed.id == 0
+
+
 def test_every_message_field_survives_a_round_trip() -> None:
     """Names, call ids, error flags, media, reasoning signatures and encrypted reasoning read
     back as recorded (signatures take no part in equality, so they are compared apart); a field

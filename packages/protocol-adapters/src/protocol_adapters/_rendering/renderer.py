@@ -412,13 +412,9 @@ class Renderer:
         return ids
 
     def _sample_check(self) -> bool:
-        rate = self.config.check_sample_rate
-        if rate >= 1.0:
-            return True
-        if rate <= 0.0:
-            return False
+        """A draw in [0, 1) below the rate: rate 1.0 checks every turn, 0.0 none."""
         with self._lock:
-            return self._random.random() < rate
+            return self._random.random() < self.config.check_sample_rate
 
     def _clock(self, tree: SessionTree) -> datetime | None:
         """The instant a time-dependent template sees for all of ``tree``'s session."""
