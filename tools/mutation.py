@@ -143,7 +143,8 @@ _ALIASES = (
     " with a different cap, the same echoes match, through same_message each time"
 )
 _STAMPS = (
-    "recency stamps are only ever compared with each other, and all of them move by the same amount"
+    "recency stamps are only ever compared with each other, and all of them move by the same"
+    " amount (a document holds them one higher, read back in the same order)"
 )
 _FAST_PATH = (
     "routing's fast path (a key hit) skipped: same_message then decides, and it agrees with"
@@ -207,12 +208,6 @@ EQUIVALENT: dict[str, str] = {
         " first trained token takes the other branch; it loses the same whole spans either way,"
         " and its turns, left unclaimed, lie past the cut in every sample that reaches them"
         " (a turn sits at the same offset in all of them): the same exclusions, listed later"
-    ),
-    '_canonical.py::canonical_json::return json.dumps(value, sort_keys=True, separators=(",",'
-    ' ":"), ensure_ascii=False) => return json.dumps(value, sort_keys=True,'
-    ' separators=(",", ":"), ensure_ascii=True)': (
-        "canonical forms are only compared with each other (same_arguments); escaping non-ASCII"
-        " on both sides changes no comparison"
     ),
     "_messages.py::Message::key: tuple[str, ...] = field(init=False, repr=False, compare=False)"
     " => key: tuple[str, ...] = field(init=False, repr=True, compare=False)": (

@@ -102,6 +102,11 @@ def test_tool_argument_key_order_and_whitespace_do_not_matter() -> None:
     assert same_message(Message("assistant", (a,)), Message("assistant", (b,)))
 
 
+def test_canonical_json_is_compact_sorted_json_that_writes_text_as_itself() -> None:
+    assert canonical_json('{"path": "ü/🦜.txt", "a": [1, 2]}') == '{"a":[1,2],"path":"ü/🦜.txt"}'
+    assert canonical_json("not json") == "not json"
+
+
 def test_thinking_signatures_never_take_part_in_equality() -> None:
     signed = Message("assistant", (Reasoning("plan", signature="s1", encrypted="e1"), Text("x")))
     other = Message("assistant", (Reasoning("plan", signature="s2"), Text("x")))
