@@ -292,11 +292,13 @@ def check_repository() -> None:
 def check_cross_package(pytest_args: list[str]) -> None:
     """The root tests exercise several members at once, in the shared workspace environment."""
     run(*TOOL, "mypy", "--strict", "--explicit-package-bases", "tests")
-    # The tools too; slime-backend's bench drives episodes with that package's test kit.
+    # The tools too; slime-backend's bench drives episodes with that package's test kit, and
+    # record_demo_session.py the root tests' CLI session (so the repository is on the path).
     benches = sorted(f"bench/{path.name}" for path in (ROOT / "tools" / "bench").glob("*.py"))
+    search = os.pathsep.join((str(ROOT / "packages" / "slime-backend" / "tests"), str(ROOT)))
     run(*TOOL, "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"), "ci.py",
-        "release.py", "pins.py", *benches, cwd=ROOT / "tools",
-        env={"MYPYPATH": str(ROOT / "packages" / "slime-backend" / "tests")})  # fmt: skip
+        "release.py", "pins.py", "record_demo_session.py", *benches, cwd=ROOT / "tools",
+        env={"MYPYPATH": search})  # fmt: skip
     run(*TOOL, "pytest", str(ROOT / "tests"), *pytest_args)
 
 
