@@ -9,6 +9,7 @@ virtual environment, and imported.
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -281,3 +282,53 @@ def test_release_refuses_before_uploading_what_breaks_the_rules(
     app = release(checkout, "swe-rl", "0.1.0")
     assert app.returncode == 1
     assert "application: it is never released" in app.stderr
+
+
+POLICY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import release
+member = release.find_member(sys.argv[2])
+for check in (release.check_version, release.check_changelog, release.check_dependents):
+    try:
+        print("ok", check(member, sys.argv[3]))
+    except release.ReleaseError as failure:
+        print("FAILED", failure)
+try:
+    print("ok", release.check_dependencies(member))
+except release.ReleaseError as failure:
+    print("FAILED", failure)
+"""
+
+
+def policy(folder: str, version: str) -> list[str]:
+    """The release policy's verdicts (version, changelog, dependents' bounds, released
+    dependencies) on this repository as it is: the quick checks that decide whether VERSION may
+    be released at all."""
+    done = subprocess.run(
+        [sys.executable, "-c", POLICY, str(ROOT / "tools"), folder, version],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_the_readmes_release_example_passes_the_release_policy() -> None:
+    """The dry run the README shows is one the policy admits as the repository stands (the
+    member alone and its build are what the end-to-end test above runs)."""
+    readme = (ROOT / "README.md").read_text()
+    examples = re.findall(r"`uv run tools/release\.py (\S+) (\S+)`", readme)
+    assert examples, "the README shows no release dry run"
+    for folder, version in examples:
+        verdicts = policy(folder, version)
+        assert [line.split()[0] for line in verdicts] == ["ok"] * 4, verdicts
+
+
+def test_a_version_without_a_changelog_entry_is_told_what_to_add() -> None:
+    changelog = policy("trajectory-tree", "9.0.0")[1]
+    assert changelog.startswith(
+        "FAILED no '## 9.0.0' entry in packages/trajectory-tree/CHANGELOG.md (it lists 0.1.0): "
+        "add a '## 9.0.0' heading above the others, with a line on what changed, and commit it"
+    )

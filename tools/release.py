@@ -141,7 +141,12 @@ def check_changelog(member: Member, version: str) -> str:
     lines = changelog.read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if heading.match(line)), None)
     if start is None:
-        raise ReleaseError(f"no '## {version}' entry in {changelog.relative_to(ROOT)}")
+        released = [line[3:].strip() for line in lines if line.startswith("## ")]
+        listed = f" (it lists {', '.join(released)})" if released else ""
+        raise ReleaseError(
+            f"no '## {version}' entry in {changelog.relative_to(ROOT)}{listed}: add a "
+            f"'## {version}' heading above the others, with a line on what changed, and commit it"
+        )
     body = []
     for line in lines[start + 1 :]:
         if line.startswith("## "):
