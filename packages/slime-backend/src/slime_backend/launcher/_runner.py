@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -81,12 +82,22 @@ class SlimeRunner:
         """Write the custom config, run ``ray job submit``; returns its exit status.
 
         ``ray`` is the Ray CLI to use (``pip install agent-rl-slime-backend[ray]`` provides one).
+        Without one, raises :class:`ConfigError` before anything is written.
         """
+        executable = shutil.which(ray)
+        if executable is None:
+            raise ConfigError(
+                "ray",
+                f"no Ray CLI ({ray!r}) on this machine: the run is submitted as a Ray job with "
+                "`ray job submit`; install Ray (pip install 'agent-rl-slime-backend[ray]') "
+                "where the Ray head is reachable, or see the command with a dry run. "
+                "Nothing was written.",
+            )
         plan = self.plan()
         path = Path(plan.custom_config_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(plan.custom_config)
-        return subprocess.run([ray, *plan.submit_command[1:]], check=False).returncode
+        return subprocess.run([executable, *plan.submit_command[1:]], check=False).returncode
 
 
 def _one_flag_per_line(command: tuple[str, ...]) -> str:
