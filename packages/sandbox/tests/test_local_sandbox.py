@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path, PurePosixPath
 
@@ -84,6 +85,26 @@ async def test_a_cancelled_exec_kills_its_command(box: LocalSandbox) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    await until_no_process(marker)
+
+
+async def test_a_cancelled_exec_then_close_leaves_no_error_unretrieved(box: LocalSandbox) -> None:
+    """An interrupted run cancels its episodes' commands and closes their sandboxes at once: the
+    cancelled command's exit, never learnt (its sandbox went first), is nobody's error to log."""
+    reported: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    marker = unique_sleep()
+    task = asyncio.create_task(box.exec(f"sleep {marker}"))
+    await wait_for_process(marker)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await box.close()
+    del task
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        gc.collect()
+    assert reported == []
     await until_no_process(marker)
 
 

@@ -421,16 +421,21 @@ class CommandSandbox(ABC):
         With `kill_on_cancel` a cancelled wait kills the group too: an abandoned `exec` must
         not outlive the caller's interest in it (a detached process may).
         """
+        waiting = asyncio.ensure_future(launched.wait())
         try:
-            returncode = await asyncio.wait_for(asyncio.shield(launched.wait()), timeout)
+            returncode = await asyncio.wait_for(asyncio.shield(waiting), timeout)
             timed_out = False
         except TimeoutError:
+            waiting.add_done_callback(_retrieve)
             launched.kill_group()
             returncode = await asyncio.wait_for(launched.wait(), _KILL_WAIT)
             timed_out = True
         except BaseException:
             if kill_on_cancel:
                 launched.kill_group()
+            # Nobody awaits the shielded wait now: its end (the sandbox may close first) is
+            # retrieved here, never logged as "Task exception was never retrieved".
+            waiting.add_done_callback(_retrieve)
             raise
         self._running.discard(launched)
         return returncode, timed_out
@@ -610,3 +615,9 @@ def _sealed_memfd(data: bytes) -> int:
 
 def _read_pair(io: _IoFiles) -> tuple[bytes, bytes]:
     return io.stdout.read_bytes(), io.stderr.read_bytes()
+
+
+def _retrieve(task: asyncio.Future[int]) -> None:
+    """Mark a wait nobody awaits any more as seen, whatever it ended with."""
+    if not task.cancelled():
+        task.exception()
