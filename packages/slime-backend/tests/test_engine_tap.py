@@ -94,3 +94,34 @@ async def test_unregistered_calls_pass_through_untouched(
     assert double.requests[-1].headers["x-smg-routing-key"] == "k"
     assert record.calls == 0
     assert await tap.context_length() == 64
+
+
+async def test_an_episode_is_held_to_its_generation_budget_across_concurrent_calls(
+    stack: tuple[EngineDouble, EngineTap],
+) -> None:
+    """Each call's cap is cut to what the episode has left (calls still generating count at
+    their caps); with nothing left a call is refused as rate-limited before the engine."""
+    double, tap = stack
+    REPLIES["long"] = ScriptedReply(text="word " * 40)
+    NEXT["reply"] = "long"
+    record = tap.register("budgeted", max_new_tokens=20)
+    await tap.generate(request("budgeted"))  # 8 of 20
+    streaming = tap.stream(request("budgeted"))
+    first = await anext(streaming)  # reserves 8 while it generates
+    assert first.output_ids
+    await tap.generate(request("budgeted"))  # only 20 - 8 - 8 = 4 left
+    async for _ in streaming:
+        pass
+    assert [r.sampling_params["max_new_tokens"] for r in double.requests] == [8, 8, 4]
+    assert (record.generated, record.reserved, record.calls) == (20, 0, 3)
+    with pytest.raises(AdapterError, match="generation budget is used up") as raised:
+        await tap.generate(request("budgeted"))
+    assert raised.value.kind is ErrorKind.RATE_LIMITED
+    with pytest.raises(AdapterError, match="generation budget is used up"):
+        async for _ in tap.stream(request("budgeted")):
+            pass
+    assert len(double.requests) == 3
+    assert (record.failures, record.calls) == (0, 3)
+    unbudgeted = tap.register("free")
+    await tap.generate(request("free"))
+    assert (unbudgeted.generated, double.requests[-1].sampling_params["max_new_tokens"]) == (8, 8)

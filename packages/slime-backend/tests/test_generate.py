@@ -412,7 +412,8 @@ async def test_bad_args_are_one_error_naming_the_field(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"stop": ["</answer>"]}, r"^sampling_params\.stop: \['</answer>'\] cannot be applied"),
+        ({"stop": ["</answer>", ""]}, r"^sampling_params\.stop: expected non-empty strings"),
+        ({"min_p": 1.5}, r"^sampling_params\.min_p: must be in \[0, 1\], got 1\.5"),
         ({"stop_token_ids": [42]}, r"^sampling_params\.stop_token_ids: \[42\] are not tokens"),
         ({"custom_params": {"return_top_p_token_ids": True}}, r"^sampling_params\.custom_params"),
         ({"sampling_seed": 7}, r"^sampling_params\.sampling_seed: 7 cannot be applied"),
@@ -437,6 +438,46 @@ async def test_sampling_the_adapters_cannot_apply_is_refused_by_name(
     allowed = {**slime_sampling_params(args), "stop_token_ids": [151645], "stop": []}
     (samples,) = await run_group(generate, args, base_group(0, 1, 0, [{"reward": 1.0}]), allowed)
     assert samples[0].status is StandInSample.Status.COMPLETED
+
+
+async def test_an_episode_is_held_to_its_generation_budget(
+    model: tuple[EngineDouble, AgentModel], qwen_checkpoint: Path
+) -> None:
+    """``episode.max_episode_new_tokens``: the engine generates at most that many tokens for
+    the episode, every call's cap cut to what is left (the refusal past it: test_engine_tap)."""
+    double, _ = model
+    generate = make_generate(scripted_episode, sample_class=StandInSample)
+    args = slime_args(double.url, qwen_checkpoint, settings(max_episode_new_tokens=40))
+    payload = {"reward": 1.0, "tolerate_errors": True}
+    try:
+        (samples,) = await run_group(
+            generate, args, base_group(0, 1, 0, [payload]), slime_sampling_params(args)
+        )
+    finally:
+        await generate.aclose()
+    caps = [int(str(r.sampling_params["max_new_tokens"])) for r in double.requests]
+    # The first reply took part of the 40; the second was cut to the rest and ended there.
+    assert caps[0] == 40
+    assert 0 < caps[1] < 40
+    assert episode_record(samples)["generated_tokens"] == 40
+    assert samples[0].status is StandInSample.Status.TRUNCATED
+
+
+async def test_stop_strings_min_p_and_top_k_reach_the_engine(
+    model: tuple[EngineDouble, AgentModel], generate: SlimeGenerate, qwen_checkpoint: Path
+) -> None:
+    """slime's ``--rollout-stop`` and ``--rollout-top-k``, and a ``min_p`` (no slime flag; a
+    caller driving the generate function sets it), in every engine call of the episode."""
+    double, _ = model
+    args = slime_args(double.url, qwen_checkpoint, settings())
+    params = {**slime_sampling_params(args), "top_k": 20, "min_p": 0.05}
+    params["stop"] = ["</answer>", "</answer>"]
+    (samples,) = await run_group(generate, args, base_group(0, 1, 0, [{"reward": 1.0}]), params)
+    assert samples[0].status is StandInSample.Status.COMPLETED
+    assert double.requests
+    for request in double.requests:
+        sent = request.sampling_params
+        assert (sent["top_k"], sent["min_p"], sent["stop"]) == (20, 0.05, ["</answer>"])
 
 
 async def test_closing_stops_the_adapter(

@@ -162,6 +162,8 @@ VARIANTS = {
     "resume, stop tokens, no dumps": (
         _set("model.load", "/ckpt/in"),
         _set("rollout.stop_token_ids", [151645, 151643]),
+        _set("rollout.top_k", 20),
+        _set("rollout.stop", ["END_OF_PATCH", "DONE"]),
         _set("run.dump_rollouts", False),
         _set("data.label_key", None),
         _set("data.shuffle", False),
@@ -200,6 +202,8 @@ def test_the_variants_cover_every_flag_the_launcher_can_emit() -> None:
         "--load",
         "--rollout-num-gpus",
         "--rollout-stop-token-ids",
+        "--rollout-top-k",
+        "--rollout-stop",
         "--label-key",
     }
     assert switches <= emitted
@@ -220,6 +224,9 @@ BAD = [
     (_set("rollout.batch_size", True), r"rollout\.batch_size: expected an integer, got bool"),
     (_set("rollout.batchsize", 8), r"rollout\.batchsize: unknown setting; known: batch_size"),
     (_set("rollout.max_response_len", 65536), r"rollout\.max_response_len: must be below"),
+    (_set("rollout.top_k", 0), r"rollout\.top_k: must be -1 \(off\) or positive, got 0"),
+    (_set("rollout.stop", ["DONE", ""]), r"rollout\.stop: stop strings must not be empty"),
+    (_set("rollout.stop", ["</answer>"]), r"rollout\.stop: '</answer>' would be altered"),
     (_set("train.advantage_estimator", "dapo"), r"train\.advantage_estimator: expected one of"),
     (_set("train.num_steps_per_rollout", 3), r"train\.num_steps_per_rollout: must divide the 64"),
     (_set("train.lr", 0), r"train\.lr: must be positive"),
@@ -270,6 +277,23 @@ def test_bad_config_is_one_error_naming_the_field(
     with pytest.raises(ConfigError, match=message) as raised:
         SlimeRunner.from_toml(path)
     assert str(raised.value).startswith(f"{path}: ")
+
+
+def test_a_run_file_turns_the_reasoning_parser_off_with_none() -> None:
+    data = _apply(_set("rollout.reasoning_parser", "none"))
+    config = config_of(data)
+    assert config.rollout.reasoning_parser is None
+    assert "--sglang-reasoning-parser" not in train_args(config)
+
+
+def test_top_k_and_stop_strings_become_slimes_rollout_flags() -> None:
+    default = flag_values(train_args(config_of(_apply(_set("extra_args", [])))))
+    assert "--rollout-top-k" not in default  # -1, slime's own default: nothing to say
+    assert "--rollout-stop" not in default
+    data = _apply(_set("rollout.top_k", 20), _set("rollout.stop", ["END_OF_PATCH", "DONE"]))
+    flags = flag_values(train_args(config_of(data)))
+    assert flags["--rollout-top-k"] == ["20"]
+    assert flags["--rollout-stop"] == ["END_OF_PATCH", "DONE"]  # nargs="+" in slime's parser
 
 
 def test_top_p_one_is_allowed_through() -> None:

@@ -95,8 +95,10 @@ async def run_episode(
         logger.error("agent-rl episode %s aborted: %s", request.session_id, exc)
         return aborted_report(request.session_id, str(exc), worker=worker)
     session = server.sessions.open(request.session_id)
-    record = runtime.tap.register(request.session_id)
     settings = runtime.setup.settings.episode
+    record = runtime.tap.register(
+        request.session_id, max_new_tokens=settings.max_episode_new_tokens
+    )
     budgets = Budgets(
         wall_clock_s=settings.wall_clock_s,
         max_turns=settings.max_turns,

@@ -41,13 +41,17 @@ class EpisodeSettings:
     app's module attribute made by :func:`slime_backend.generate.make_generate` from its
     :class:`~slime_backend.Episode`. ``wall_clock_s`` and ``max_turns`` are the agent's
     budgets; an episode that has not returned ``grace_s`` after its wall clock (grading and
-    cleanup included) is cancelled and aborted.
+    cleanup included) is cancelled and aborted. ``max_episode_new_tokens`` caps the tokens the
+    engine generates in one episode, every reply of every agent together (none: no cap): each
+    reply's ``max_new_tokens`` is cut to what is left, and once nothing is left the agent's
+    calls are refused as rate-limited, as past ``max_turns``.
     """
 
     generate: str
     wall_clock_s: float = 1800.0
     max_turns: int = 200
     grace_s: float = 600.0
+    max_episode_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_dotted_path("generate", self.generate)
@@ -57,6 +61,10 @@ class EpisodeSettings:
                 raise FieldError(name, f"must be a positive number of seconds, got {value}")
         if self.max_turns <= 0:
             raise FieldError("max_turns", f"must be positive, got {self.max_turns}")
+        if self.max_episode_new_tokens is not None and self.max_episode_new_tokens <= 0:
+            raise FieldError(
+                "max_episode_new_tokens", f"must be positive, got {self.max_episode_new_tokens}"
+            )
 
     @property
     def deadline_s(self) -> float:

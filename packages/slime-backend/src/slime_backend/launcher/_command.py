@@ -181,6 +181,8 @@ def _rollout(argv: _Argv, config: RunnerConfig) -> None:
     argv.value("--rollout-max-context-len", r.max_context_len, "rollout.max_context_len")
     argv.value("--rollout-max-response-len", r.max_response_len, "rollout.max_response_len")
     argv.value("--rollout-temperature", r.temperature, "rollout.temperature")
+    argv.value("--rollout-top-k", None if r.top_k == -1 else r.top_k, "rollout.top_k")
+    argv.values("--rollout-stop", r.stop, "rollout.stop")
     argv.values("--rollout-stop-token-ids", r.stop_token_ids, "rollout.stop_token_ids")
     argv.value("--sglang-tool-call-parser", r.tool_call_parser, "rollout.tool_call_parser")
     argv.value("--sglang-reasoning-parser", r.reasoning_parser, "rollout.reasoning_parser")

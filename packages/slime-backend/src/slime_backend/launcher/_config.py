@@ -174,9 +174,12 @@ class ClusterShape:
 @dataclass(frozen=True, slots=True)
 class RolloutConfig:
     """``batch_size`` prompts per step, ``n_samples_per_prompt`` episodes per prompt (the GRPO
-    group); ``max_response_len`` is the per-call ``max_new_tokens``. ``tool_call_parser`` and
+    group); ``max_response_len`` is the per-call ``max_new_tokens``. ``top_k`` (-1: off) and
+    ``stop`` strings are sampling settings like ``temperature`` (slime's top-p is not: below 1
+    it asks for top-p replay, which the adapters cannot record). ``tool_call_parser`` and
     ``reasoning_parser`` are SGLang's parser names for the policy's output format; the adapters
-    parse replies with them (:data:`slime_backend._rollout_args.TOOL_CALL_PARSERS`)."""
+    parse replies with them (:data:`slime_backend._rollout_args.TOOL_CALL_PARSERS`); a policy
+    that does not reason has ``reasoning_parser = "none"`` (TOML has no null)."""
 
     num_rollout: int
     batch_size: int
@@ -184,6 +187,8 @@ class RolloutConfig:
     max_context_len: int
     max_response_len: int
     temperature: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     tool_call_parser: str = "qwen25"
     reasoning_parser: str | None = "qwen3"
@@ -198,6 +203,12 @@ class RolloutConfig:
             "max_response_len",
             "temperature",
         )
+        if self.reasoning_parser == "none":
+            object.__setattr__(self, "reasoning_parser", None)
+        if self.top_k != -1 and self.top_k < 1:
+            raise FieldError("top_k", f"must be -1 (off) or positive, got {self.top_k}")
+        if not all(self.stop):
+            raise FieldError("stop", "stop strings must not be empty")
         if self.max_response_len >= self.max_context_len:
             raise FieldError(
                 "max_response_len", f"must be below max_context_len ({self.max_context_len})"
