@@ -87,8 +87,8 @@ PINNED = {
             "StaleAction", "StalenessPolicy", "WorkerSettings", "episode_samples",
             "evaluate_gates", "from_mapping", "normalized_rewards", "sample_class", "to_mapping",
         ),
-        # Loaded by path: slime's three hooks, the launcher, the test kit.
-        ("gate_hook", "generate", "launcher", "reward_hook", "testing"),
+        # Loaded by path: slime's four hooks, the launcher, the test kit.
+        ("dynamic_filter", "gate_hook", "generate", "launcher", "reward_hook", "testing"),
     ),
     "slime_backend.launcher": Pinned(
         (

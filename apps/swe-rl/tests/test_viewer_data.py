@@ -29,6 +29,7 @@ from swe_rl.grading import Verdict
 from swe_rl.viewer import RunDirError, write_viewer
 from swe_rl.viewer.branches import layout
 from swe_rl.viewer.embed import script_json
+from swe_rl.viewer.episode_view import _flags
 from swe_rl.viewer.legend import REASONS
 from trajectory_tree import LossReason, RewardPolicy, assign_reward, dumps, linearize
 
@@ -207,7 +208,7 @@ def test_cards_carry_outcome_accounting_and_the_gates_each_episode_trips(
     # An aborted episode trains nothing, whatever its tree holds.
     assert aborted["stats"]["trained_tokens"] == 0
     assert aborted["advantage"] is None
-    assert [f["gate"] for f in aborted["flags"]] == ["zero_trainable"]
+    assert [f["gate"] for f in aborted["flags"]] == ["zero_trainable", "aborts"]
     assert "tree.json" in broken["error"]
     assert broken["stats"] is None
     assert [f["gate"] for f in broken["flags"]] == ["zero_trainable"]
@@ -273,7 +274,7 @@ def test_an_aborted_episode_that_says_interrupted_but_has_files_is_shown_as_reco
     card = blocks(write_viewer(run, decode)).json["run-data"]["episodes"][2]
     assert card["stopped"] is True
     assert card["stats"] is not None  # its tree is shown, greyed: it trains nothing
-    assert [f["gate"] for f in card["flags"]] == ["zero_trainable"]
+    assert [f["gate"] for f in card["flags"]] == ["zero_trainable", "aborts"]
 
 
 def test_the_legend_says_what_the_masked_context_is() -> None:
@@ -377,15 +378,26 @@ def test_the_page_has_words_for_every_verdict() -> None:
 
 
 def test_flag_names_are_the_gate_names() -> None:
-    """The page links each episode's flags to the run's alarms by gate name."""
-    silent = EpisodeHealth(EpisodeStatus.COMPLETED, 0, 0, 3)
-    report = evaluate_gates([silent], GateConfig())
-    assert {r.name for r in report.results} == {
+    """The page links each episode's flags to the run's alarms by gate name: every gate has a
+    flag, and every flag is a gate."""
+    episodes = [
+        EpisodeHealth(EpisodeStatus.COMPLETED, 0, 0, 3),
+        EpisodeHealth(EpisodeStatus.ABORTED, 0, 0, 0, "environment: the image is gone"),
+        EpisodeHealth(
+            EpisodeStatus.ABORTED, 0, 0, 0, "nothing_trainable: length_drop: past the limit"
+        ),
+    ]
+    report = evaluate_gates(episodes, GateConfig())
+    gates = {r.name for r in report.results}
+    assert gates == {
         "zero_trainable",
         "zero_tool_calls",
         "tool_call_parse_failures",
+        "aborts",
         "environment_aborts",
+        "length_drops",
     }
+    assert {f["gate"] for e in episodes for f in _flags(e)} == gates
 
 
 def test_a_bad_run_index_is_refused_naming_the_field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import inspect
 import json
@@ -18,9 +19,8 @@ from slime_backend._grpo import EPSILON, MEAN_ESTIMATORS, STD_ESTIMATORS
 from slime_backend.launcher import GATE_HOOK, REWARD_HOOK, AdvantageEstimator
 from slime_backend.testing import StandInSample
 
-CONTRACT = json.loads(
-    (Path(__file__).resolve().parent / "data" / "slime_contract.json").read_text()
-)
+DATA = Path(__file__).resolve().parent / "data"
+CONTRACT = json.loads((DATA / "slime_contract.json").read_text())
 
 
 def slime_load_function(path: str) -> Any:
@@ -52,6 +52,22 @@ def test_the_gate_hook_loads_and_takes_what_slime_passes() -> None:
     inspect.signature(hook).bind(object(), [])  # filter_func(args, data)
 
 
+def test_the_dynamic_filters_load_and_take_what_slime_passes() -> None:
+    for name in ("check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback"):
+        hook = slime_load_function(f"slime_backend.dynamic_filter.{name}")
+        inspect.signature(hook).bind(object(), [])  # dynamic_filter(args, group)
+
+
+def test_the_copies_of_slimes_rollout_code_are_the_pinned_ones() -> None:
+    """tests/data/slime_source: slime's files verbatim at the pinned commit (slime_rollout.py
+    runs them); tools/slime_contract.py writes them, this checks nobody edited them."""
+    pinned = CONTRACT["rollout_sources"]
+    assert "slime/rollout/sglang_rollout.py" in pinned
+    for name, digest in pinned.items():
+        copy = DATA / "slime_source" / f"{name}.txt"
+        assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest, name
+
+
 def test_slime_is_imported_only_when_asked_and_missing_it_says_what_to_do() -> None:
     with pytest.raises(SlimeNotInstalled, match="installed from source on the GPU nodes"):
         sample_class()
@@ -63,6 +79,7 @@ def test_importing_the_package_pulls_in_no_gpu_stack() -> None:
         "slime_backend.launcher",
         "slime_backend.gate_hook",
         "slime_backend.reward_hook",
+        "slime_backend.dynamic_filter",
         "slime_backend.testing",
         "slime_backend.generate",
     ]

@@ -7,6 +7,7 @@ import json
 import math
 import pickle
 from importlib import resources
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,12 +27,14 @@ from slime_backend import (
     ConfigError,
     ConversionError,
     ConversionOptions,
+    EpisodeHealth,
     EpisodeOutcome,
     EpisodeStatus,
     episode_samples,
     from_mapping,
 )
 from slime_backend._conversion import PLACEHOLDER_TOKENS
+from slime_backend.reward_hook import post_process_rewards
 from slime_backend.testing import StandInSample
 from trajectory_tree import (
     FinishReason,
@@ -204,13 +207,32 @@ def test_status_says_what_cut_the_sample(
         assert len(sample.tokens) == limit
 
 
-def test_a_dropped_over_length_episode_becomes_a_placeholder() -> None:
+def untrainable(sample: StandInSample) -> dict[str, Any]:
+    """The record of a graded episode left with nothing to train, after the checks every such
+    placeholder must pass: one aborted placeholder, and a record that says so (no "completed"
+    next to it) while keeping the graded reward and the app's status."""
+    assert sample.status is Status.ABORTED
+    assert sample.remove_sample
+    assert sample.reward == 0.0  # the placeholder trains nothing and moves no baseline
+    record: dict[str, Any] = sample.metadata[NAMESPACE]["episode"]
+    assert record["status"] == "aborted"
+    assert record["reason"].startswith("nothing_trainable: ")
+    assert sample.metadata[NAMESPACE]["sample"] == {"placeholder": record["reason"]}
+    assert (record["samples"], record["trained_tokens"]) == (0, 0)
+    return record
+
+
+def test_a_dropped_over_length_episode_is_recorded_as_a_length_drop_with_its_reward() -> None:
     rec = Recorder()
     rec.turn([system("s"), user("task")], "x" * 50)
     options = ConversionOptions(max_sample_tokens=10, length_mode=LengthMode.DROP)
     (sample,) = convert(rec.tree, EpisodeOutcome(1.0), options)
-    assert sample.status is Status.ABORTED
-    record = sample.metadata[NAMESPACE]["episode"]
+    record = untrainable(sample)
+    assert record["reason"] == (
+        "nothing_trainable: length_drop: every trained token was past the sample length limit "
+        "(turns 1, generated tokens 51; excluded: over_length 51)"
+    )
+    assert (record["reward"], record["graded_status"]) == (1.0, "completed")
     assert record["excluded_tokens"] == {"over_length": 51}
     assert record["exclusions"] == [{"turn": 0, "reason": "over_length", "tokens": 51}]
 
@@ -231,21 +253,50 @@ def test_an_aborted_episode_is_one_untrainable_placeholder_with_its_provenance()
     assert record["episode"]["samples"] == 0
     assert record["episode"]["tool_calls"] == 4  # what the agent did is still reported
     assert record["episode"]["reason"] == "sandbox never started"
+    assert record["episode"]["graded_status"] == "aborted"
 
 
-def test_an_episode_without_model_calls_is_a_placeholder() -> None:
-    (sample,) = convert(SessionTree("empty"), EpisodeOutcome(1.0))
-    assert sample.status is Status.ABORTED
-    assert "no generated token" in sample.metadata[NAMESPACE]["sample"]["placeholder"]
-    assert sample.metadata[NAMESPACE]["episode"]["turns"] == 0
+def test_an_episode_without_model_calls_is_recorded_as_having_nothing_to_train() -> None:
+    (sample,) = convert(SessionTree("empty"), EpisodeOutcome(0.5, EpisodeStatus.TRUNCATED))
+    record = untrainable(sample)
+    assert record["reason"] == (
+        "nothing_trainable: no_turns: the agent made no model call (turns 0, generated tokens 0)"
+    )
+    assert (record["reward"], record["graded_status"]) == (0.5, "truncated")
+    assert record["turns"] == 0
 
 
-def test_an_episode_whose_only_turn_was_aborted_is_a_placeholder() -> None:
+def test_an_episode_whose_every_turn_was_aborted_says_so() -> None:
     rec = Recorder()
     rec.turn([system("s"), user("t")], "cut", finish=FinishReason.ABORT)
     (sample,) = convert(rec.tree)
-    assert sample.status is Status.ABORTED
-    assert sample.metadata[NAMESPACE]["episode"]["excluded_tokens"] == {"aborted": 4}
+    record = untrainable(sample)
+    assert record["reason"].startswith(
+        "nothing_trainable: aborted_turns: every model call was aborted (turns 1"
+    )
+    assert record["reason"].endswith("excluded: aborted 4)")
+    assert record["reward"] == 1.0
+    assert record["excluded_tokens"] == {"aborted": 4}
+
+
+def test_the_gates_and_the_reward_hook_read_an_untrainable_episode_alike() -> None:
+    """Out of the baseline by its placeholder's status, counted by the gates by its record."""
+    rec = Recorder()
+    rec.turn([system("s"), user("task")], "x" * 50)
+    options = ConversionOptions(max_sample_tokens=10, length_mode=LengthMode.DROP)
+    dropped = convert(rec.tree, EpisodeOutcome(1.0), options, base=base_sample(index=0))
+    trained = convert(fan_out(Recorder()).tree, EpisodeOutcome(0.0), base=base_sample(index=1))
+    args = SimpleNamespace(
+        advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True
+    )
+    raw, values = post_process_rewards(args, [*dropped, *trained])
+    assert raw[0] == 0.0
+    assert values == [0.0] * len(values)  # one counted episode: advantage 0, nothing NaN
+    record = dropped[0].metadata[NAMESPACE]["episode"]
+    health = EpisodeHealth(
+        EpisodeStatus(record["status"]), record["trained_tokens"], 0, 0, record["reason"]
+    )
+    assert (health.ran, health.aborted, health.length_dropped) == (True, False, True)
 
 
 def test_final_branch_policy_keeps_one_sample_training_its_whole_path() -> None:

@@ -27,6 +27,7 @@ from slime_backend import (
 )
 from slime_backend.gate_hook import check_rollout_batch
 from slime_backend.testing import StandInSample
+from trajectory_tree import LengthMode
 
 
 def health(
@@ -52,7 +53,9 @@ def test_each_gate_counts_its_share_of_episodes() -> None:
         "zero_trainable": (2, 5),  # aborted episodes count here...
         "zero_tool_calls": (1, 4),  # ...but not among the episodes that ran
         "tool_call_parse_failures": (1, 4),
+        "aborts": (1, 5),  # at its 0.2 limit: not over it
         "environment_aborts": (0, 5),  # aborted, but not for its environment
+        "length_drops": (0, 5),
     }
     assert [r.name for r in report.tripped] == ["zero_trainable", "tool_call_parse_failures"]
 
@@ -72,11 +75,12 @@ def test_a_run_whose_episodes_abort_for_their_environment_raises_an_alarm_naming
         *[health() for _ in range(3)],
     ]
     report = evaluate_gates(episodes, GateConfig())
-    assert [r.name for r in report.tripped] == ["zero_trainable", "environment_aborts"]
-    environment = report.tripped[1]
+    assert [r.name for r in report.tripped] == ["zero_trainable", "aborts", "environment_aborts"]
+    environment = report.tripped[2]
     assert (environment.offending, environment.episodes) == (6, 10)
     assert environment.causes == (("environment", 6),)
     assert report.tripped[0].causes == (("environment", 6), ("running claude-code", 1))
+    assert report.tripped[1].causes == report.tripped[0].causes
     described = report.describe()
     assert "environment_aborts: 6/10 episodes (60%) > limit 50% (aborted: environment 6" in (
         described
@@ -112,7 +116,10 @@ def test_an_empty_batch_trips_nothing() -> None:
     assert not evaluate_gates([], GateConfig(max_zero_trainable_share=0.0)).tripped
 
 
-@pytest.mark.parametrize("name", ["max_zero_trainable_share", "parse_failure_rate"])
+@pytest.mark.parametrize(
+    "name",
+    ["max_zero_trainable_share", "parse_failure_rate", "max_abort_share", "max_length_drop_share"],
+)
 @pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
 def test_limits_outside_zero_to_one_are_refused_by_name(name: str, value: float) -> None:
     with pytest.raises(ConfigError, match=rf"^agent_rl\.gates\.{name}: must be a share"):
@@ -163,11 +170,14 @@ def test_the_hook_marks_every_sample_and_logs_a_tripped_gate(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     data = rollout_batch()
+    config = GateConfig(
+        max_zero_trainable_share=0.25,
+        max_zero_tool_call_share=0.5,
+        max_abort_share=0.25,
+        fail_step=False,
+    )
     with caplog.at_level(logging.INFO, logger="slime_backend"):
-        check_rollout_batch(
-            slime_args(GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.5)),
-            data,
-        )
+        check_rollout_batch(slime_args(config), data)
     samples = [s for group in data for result in group for s in result]
     marks = samples[0].metadata[NAMESPACE]["gates"]
     assert marks["zero_tool_calls"] == {
@@ -185,6 +195,7 @@ def test_the_hook_marks_every_sample_and_logs_a_tripped_gate(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert "zero_tool_calls: 2/3 episodes (67%) > limit 50%" in errors[0].getMessage()
+    assert "fail_step = false, so this step trains anyway" in caplog.text
 
 
 def test_the_hook_names_the_environment_that_failed(caplog: pytest.LogCaptureFixture) -> None:
@@ -195,8 +206,9 @@ def test_the_hook_names_the_environment_that_failed(caplog: pytest.LogCaptureFix
         ],
         [converted(3, fan_out(Recorder(seed=3)), EpisodeOutcome(1.0))],
     ]
+    config = GateConfig(max_zero_trainable_share=0.9, max_abort_share=0.9, fail_step=False)
     with caplog.at_level(logging.INFO, logger="slime_backend"):
-        check_rollout_batch(slime_args(GateConfig(max_zero_trainable_share=0.9)), data)
+        check_rollout_batch(slime_args(config), data)
     (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     message = error.getMessage()
     assert "environment_aborts: 3/4 episodes (75%) > limit 50%" in message
@@ -205,17 +217,20 @@ def test_the_hook_names_the_environment_that_failed(caplog: pytest.LogCaptureFix
 
 def test_a_healthy_batch_passes_quietly(caplog: pytest.LogCaptureFixture) -> None:
     data = rollout_batch()
+    config = GateConfig(
+        max_zero_trainable_share=0.25, max_zero_tool_call_share=0.7, max_abort_share=0.25
+    )
     with caplog.at_level(logging.INFO, logger="slime_backend"):
-        check_rollout_batch(
-            slime_args(GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.7)),
-            data,
-        )
+        check_rollout_batch(slime_args(config), data)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "gates passed for 4 episodes" in caplog.text
 
 
-def test_fail_step_raises_so_the_run_stops() -> None:
-    config = GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.5, fail_step=True)
+def test_a_tripped_gate_raises_so_the_run_stops() -> None:
+    config = GateConfig(
+        max_zero_trainable_share=0.25, max_zero_tool_call_share=0.5, max_abort_share=0.25
+    )
+    assert config.fail_step  # the default
     with pytest.raises(SilentFailureAlarm, match="zero_tool_calls") as raised:
         check_rollout_batch(slime_args(config), rollout_batch())
     assert [r.name for r in raised.value.report.tripped] == ["zero_tool_calls"]
@@ -225,11 +240,11 @@ def test_samples_from_another_generate_function_are_reported_not_judged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     data = [[StandInSample(index=9, group_index=0, reward=1.0)], rollout_batch()]
+    config = GateConfig(
+        max_zero_trainable_share=0.25, max_zero_tool_call_share=0.7, max_abort_share=0.25
+    )
     with caplog.at_level(logging.WARNING, logger="slime_backend"):
-        check_rollout_batch(
-            slime_args(GateConfig(max_zero_trainable_share=0.25, max_zero_tool_call_share=0.7)),
-            data,
-        )
+        check_rollout_batch(slime_args(config), data)
     assert "1 of 7 samples carry no agent-rl provenance" in caplog.text
     assert NAMESPACE not in data[0][0].metadata
 
@@ -237,3 +252,79 @@ def test_samples_from_another_generate_function_are_reported_not_judged(
 def test_a_run_wired_without_our_custom_config_fails_loudly() -> None:
     with pytest.raises(ConfigError, match=r"^agent_rl: expected a table"):
         check_rollout_batch(SimpleNamespace(), rollout_batch())
+
+
+# -- defaults, and graded episodes with nothing to train ----------------------------------------
+
+
+def test_gates_stop_by_default_and_fail_step_false_is_the_named_way_to_only_warn() -> None:
+    assert from_mapping(GateConfig, {}, "agent_rl.gates").fail_step
+    assert not from_mapping(GateConfig, {"fail_step": False}, "agent_rl.gates").fail_step
+    with pytest.raises(ConfigError, match=r"^agent_rl\.gates\.fail_step: expected true or false"):
+        from_mapping(GateConfig, {"fail_step": "warn"}, "agent_rl.gates")
+
+
+def test_every_abort_cause_counts_in_the_aborts_gate() -> None:
+    reasons = ["engine: the router did not answer", "sandbox: boot failed", ENVIRONMENT_FAILURE]
+    episodes = [EpisodeHealth(EpisodeStatus.ABORTED, 0, 0, 0, r) for r in reasons]
+    report = evaluate_gates([*episodes, *[health() for _ in range(7)]], GateConfig())
+    aborts = next(r for r in report.results if r.name == "aborts")
+    assert (aborts.offending, aborts.episodes, aborts.tripped) == (3, 10, True)
+    assert dict(aborts.causes) == {"engine": 1, "sandbox": 1, "environment": 1}
+
+
+LENGTH_DROPPED = (
+    "nothing_trainable: length_drop: every trained token was past the sample length limit "
+    "(turns 1, generated tokens 51; excluded: over_length 51)"
+)
+
+
+def test_graded_episodes_with_nothing_to_train_are_zero_trainable_not_aborts() -> None:
+    """They ran and were graded (the policy's doing): not a fault. Length drops are counted on
+    their own, so a policy that writes too long stays visible."""
+    untrainable = [
+        EpisodeHealth(EpisodeStatus.ABORTED, 0, 0, 0, LENGTH_DROPPED),
+        EpisodeHealth(EpisodeStatus.ABORTED, 0, 0, 0, LENGTH_DROPPED),
+        EpisodeHealth(EpisodeStatus.ABORTED, 0, 0, 0, "nothing_trainable: no_turns: no model call"),
+    ]
+    assert [e.nothing_trainable for e in untrainable] == ["length_drop", "length_drop", "no_turns"]
+    assert all(e.ran and not e.aborted for e in untrainable)
+    report = evaluate_gates([*untrainable, *[health() for _ in range(7)]], GateConfig())
+    shares = {r.name: (r.offending, r.episodes) for r in report.results}
+    assert shares["zero_trainable"] == (3, 10)
+    assert shares["aborts"] == (0, 10)
+    assert shares["length_drops"] == (2, 10)
+    assert shares["zero_tool_calls"] == (3, 10)  # they ran, and made no tool call
+    assert [r.name for r in report.tripped] == ["zero_trainable"]
+    assert report.tripped[0].causes == (("nothing_trainable", 3),)
+    assert "nothing_trainable 3" in report.describe()
+
+
+def test_the_hook_counts_a_length_dropped_batch_and_stops_the_step() -> None:
+    def long_episode(seed: int) -> Recorder:
+        rec = Recorder(seed=seed)
+        rec.turn([system("s"), user("task")], "x" * 50)
+        return rec
+
+    options = ConversionOptions(max_sample_tokens=10, length_mode=LengthMode.DROP)
+    data = [
+        [
+            episode_samples(
+                long_episode(i).tree,
+                base_sample(index=i, group_index=0),
+                EpisodeOutcome(1.0),
+                options,
+                sample_class=StandInSample,
+            )
+            for i in range(2)
+        ]
+    ]
+    with pytest.raises(SilentFailureAlarm) as raised:
+        check_rollout_batch(slime_args(GateConfig()), data)
+    tripped = {r.name: r for r in raised.value.report.tripped}
+    assert set(tripped) == {"zero_trainable", "zero_tool_calls", "length_drops"}
+    assert tripped["length_drops"].offending == 2
+    assert "length_drops: 2/2 episodes (100%) > limit 20%" in str(raised.value)
+    marks = data[0][0][0].metadata[NAMESPACE]["gates"]
+    assert marks["length_drops"]["offending"] == 2
+    assert marks["aborts"]["offending"] == 0

@@ -13,7 +13,14 @@ source (slime imports torch, so it is never imported):
 - ``advantage_estimators``: the choices of ``--advantage-estimator``;
 - ``normalization``: what slime's built-in ``RolloutManager._post_process_rewards`` does: the
   estimators it subtracts the group mean for, those it also divides by the std for, and the
-  epsilon added to the std.
+  epsilon added to the std;
+- ``dynamic_filter_output``: the fields of ``DynamicFilterOutput``, what a
+  ``--dynamic-sampling-filter-path`` function returns;
+- ``flag_defaults``: the ``dest`` and ``default`` of each flag the existing file lists there (the
+  flags the generate function checks on its first call; add a flag's key to extend it);
+- ``rollout_sources``: the SHA-256 of each slime file the existing file lists there, copied
+  verbatim (suffixed ``.txt``) under ``tests/data/slime_source/``: slime's real rollout code,
+  which the tests run without a GPU (``tests/slime_rollout.py``).
 
 ``mounted`` is kept from the existing file: flags slime's parser takes from other packages
 (Megatron-LM, sglang-router) that we emit, each with a file of the checkout that shows slime uses
@@ -24,15 +31,19 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "slime_contract.json"
 PARSER_FILES = ("slime/utils/arguments.py", "slime/backends/sglang_utils/arguments.py")
 SAMPLE_FILE = "slime/utils/types.py"
 ROLLOUT_FILE = "slime/ray/rollout.py"
+FILTER_TYPES_FILE = "slime/rollout/filter_hub/base_types.py"
+SOURCES = DATA.parent / "slime_source"
 
 
 class Checkout:
@@ -133,7 +144,71 @@ def builtin_normalization(source: str) -> dict[str, object]:
     return {"mean_estimators": mean, "std_estimators": std, "std_epsilon": epsilon}
 
 
-def extract(checkout: Checkout, mounted: dict[str, dict[str, str]]) -> dict[str, object]:
+def dataclass_fields(source: str, name: str) -> list[str]:
+    """The annotated attributes of ``class name``, in order."""
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name)
+    return [
+        n.target.id
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    ]
+
+
+def flag_defaults(sources: list[str], flags: Sequence[str]) -> dict[str, dict[str, object]]:
+    """``dest`` and ``default`` of each of ``flags`` as argparse would set them (a store_true
+    flag defaults to False). A default that is not a literal fails: the file holds literals."""
+    found: dict[str, dict[str, object]] = {}
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+            ):
+                continue
+            names = [
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            ]
+            flag = next((n for n in names if n in flags), None)
+            if flag is None:
+                continue
+            keywords = {k.arg: k.value for k in node.keywords if k.arg}
+            action = keywords.get("action")
+            store_true = isinstance(action, ast.Constant) and action.value == "store_true"
+            default = ast.literal_eval(keywords["default"]) if "default" in keywords else None
+            if store_true and "default" not in keywords:
+                default = False
+            dest = keywords.get("dest")
+            found[flag] = {
+                "dest": ast.literal_eval(dest) if dest is not None else flag[2:].replace("-", "_"),
+                "default": default,
+            }
+    missing = sorted(set(flags) - set(found))
+    if missing:
+        raise SystemExit(f"not defined by slime's parser any more: {', '.join(missing)}")
+    return dict(sorted(found.items()))
+
+
+def source_copy(name: str) -> Path:
+    return SOURCES / f"{name}.txt"
+
+
+def rollout_sources(checkout: Checkout, names: Sequence[str]) -> dict[str, str]:
+    return {
+        name: hashlib.sha256(checkout.read(name).encode()).hexdigest() for name in sorted(names)
+    }
+
+
+def extract(
+    checkout: Checkout,
+    mounted: dict[str, dict[str, str]],
+    described: Sequence[str] = (),
+    sources: Sequence[str] = (),
+) -> dict[str, object]:
+    """The facts; ``described`` are the flags of ``flag_defaults``, ``sources`` the slime files
+    of ``rollout_sources`` (both kept from the existing data file)."""
     flags: set[str] = set()
     for name in PARSER_FILES:
         flags |= parser_flags(checkout.read(name))
@@ -152,7 +227,17 @@ def extract(checkout: Checkout, mounted: dict[str, dict[str, str]]) -> dict[str,
         "sample_status": status,
         "advantage_estimators": estimator_choices(checkout.read(PARSER_FILES[0])),
         "normalization": builtin_normalization(checkout.read(ROLLOUT_FILE)),
+        "dynamic_filter_output": dataclass_fields(
+            checkout.read(FILTER_TYPES_FILE), "DynamicFilterOutput"
+        ),
+        "flag_defaults": flag_defaults([checkout.read(n) for n in PARSER_FILES], described),
+        "rollout_sources": rollout_sources(checkout, sources),
     }
+
+
+def _copied(checkout: Checkout, name: str) -> bool:
+    copy = source_copy(name)
+    return copy.is_file() and copy.read_text() == checkout.read(name)
 
 
 def main() -> int:
@@ -162,16 +247,30 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="the data file")
     args = parser.parse_args()
     current = json.loads(args.data.read_text())
-    fresh = extract(Checkout(args.checkout), current["mounted"])
+    checkout = Checkout(args.checkout)
+    fresh = extract(
+        checkout,
+        current["mounted"],
+        list(current.get("flag_defaults", {})),
+        list(current.get("rollout_sources", {})),
+    )
     text = json.dumps(fresh, indent=1) + "\n"
     if args.check:
         if fresh != current:
             changed = sorted(k for k in fresh if fresh[k] != current.get(k))
             print(f"slime contract drifted in: {', '.join(changed)}", file=sys.stderr)
             return 1
+        stale = [n for n in current.get("rollout_sources", {}) if not _copied(checkout, n)]
+        if stale:
+            print(f"copies differ from the checkout: {', '.join(stale)}", file=sys.stderr)
+            return 1
         print(f"slime contract matches {fresh['slime_commit']}")
         return 0
     args.data.write_text(text)
+    for name in current.get("rollout_sources", {}):
+        copy = source_copy(name)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(checkout.read(name))
     print(f"wrote {args.data} from {fresh['slime_commit']}")
     return 0
 

@@ -2,7 +2,7 @@
 
 The public API is what this module exports (the episode contract with the app, the settings of a
 run, conversion of a session into slime samples, GRPO under fan-out, silent-failure gates, typed
-configuration) and five public submodules, each named because slime or a user loads it by path:
+configuration) and six public submodules, each named because slime or a user loads it by path:
 
 - :mod:`slime_backend.generate`: ``make_generate(episode)``, the function slime calls per sample
   (``--custom-generate-function-path``); it starts the adapter in the rollout process, or sends
@@ -10,7 +10,9 @@ configuration) and five public submodules, each named because slime or a user lo
 - :mod:`slime_backend.reward_hook`: GRPO baselines per episode under fan-out
   (``--custom-reward-post-process-path``).
 - :mod:`slime_backend.gate_hook`: silent-failure gates per rollout batch
-  (``--rollout-sample-filter-path``).
+  (``--rollout-sample-filter-path``); a tripped gate stops the step by default.
+- :mod:`slime_backend.dynamic_filter`: DAPO's dynamic sampling under fan-out
+  (``--dynamic-sampling-filter-path``), each episode counted once.
 - :mod:`slime_backend.launcher`: ``SlimeRunner``, TOML -> the slime command and its Ray job.
 - :mod:`slime_backend.testing`: driving the generate function without slime (tests, demos).
 

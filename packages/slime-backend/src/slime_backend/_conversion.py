@@ -23,7 +23,11 @@ one slime ``Sample``:
 
 An episode that yields nothing to train (aborted, or no generated token survived) still returns
 one sample, a placeholder slime trains nothing from: an empty list breaks slime's rollout logging,
-and a missing episode shifts its fixed number of rollouts per training step.
+and a missing episode shifts its fixed number of rollouts per training step. A graded episode
+with nothing to train is recorded as what it is: status ``aborted`` (outside the GRPO baseline,
+like its placeholder), reason ``nothing_trainable: <kind>: ...`` (no model call, every call
+aborted, every sample dropped by the length limit, ...), its graded reward kept in the record and
+the app's own status in ``graded_status``.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ from trajectory_tree import (
     FinishReason,
     LengthLimit,
     LengthMode,
+    Linearization,
+    LossReason,
     RewardPolicy,
     Sample,
+    SessionSummary,
     SessionTree,
     assign_reward,
     linearize,
@@ -46,6 +53,7 @@ from trajectory_tree import (
 )
 
 from ._episode import EpisodeOutcome, EpisodeStatus, JsonValue
+from ._gates import LENGTH_DROP, NOTHING_TRAINABLE, NOTHING_TRAINABLE_KINDS
 from ._provenance import episode_record, sample_record
 from ._slime_api import NAMESPACE
 from ._staleness import StalenessPolicy, weight_report
@@ -114,12 +122,14 @@ def episode_samples(
     engine failures, timing), stored with the episode's provenance.
     """
     rollout_id = check_base(base)
+    graded = outcome.status
     linearization = assign_reward(
         linearize(tree, limit=options.limit),
         outcome.reward,
         rollout_id=str(rollout_id),
         policy=options.reward_policy,
     )
+    summary = summarize(tree, linearization)
     weights = weight_report(
         tree, (t for s in linearization.samples for t in s.trained_turns), options.staleness
     )
@@ -131,27 +141,59 @@ def episode_samples(
     emitted = () if aborted else linearization.samples
     regions = [(s, _response_region(s, weights.masked_turns)) for s in emitted]
     kept = [(s, r) for s, r in regions if r.trained]
+    if not aborted and not kept:  # graded, but nothing to train: say so, keep the reward
+        outcome = EpisodeOutcome(
+            outcome.reward,
+            EpisodeStatus.ABORTED,
+            nothing_trainable_reason(summary, linearization),
+            outcome.artifacts,
+        )
     episode = episode_record(
         tree,
         linearization,
-        summarize(tree, linearization),
+        summary,
         outcome,
         rollout_id=rollout_id,
         samples=len(kept),
         trained_tokens=sum(r.trained for _, r in kept),
-        extra={"weights": weights.record(), "rollout": dict(rollout or {})},
+        extra={
+            "graded_status": graded.value,
+            "weights": weights.record(),
+            "rollout": dict(rollout or {}),
+        },
     )
 
     def metadata(record: dict[str, JsonValue]) -> dict[Any, Any]:
         return {**(base.metadata or {}), NAMESPACE: {"episode": episode, "sample": record}}
 
     if not kept:  # the newest version's turns are never stale: masking never empties all
-        reason = outcome.reason if aborted else "no generated token survived linearization"
-        return [_placeholder(base, sample_class, rollout_id, metadata({"placeholder": reason}))]
+        placeholder: dict[str, JsonValue] = {"placeholder": outcome.reason}
+        return [_placeholder(base, sample_class, rollout_id, metadata(placeholder))]
     return [
         _slime_sample(tree, s, r, base, outcome, sample_class, rollout_id, metadata, decode)
         for s, r in kept
     ]
+
+
+def nothing_trainable_reason(summary: SessionSummary, linearization: Linearization) -> str:
+    """``nothing_trainable: <kind>: <why> (<counts>)`` for a graded episode whose samples train
+    no token (the gates read the kind: :data:`slime_backend._gates.NOTHING_TRAINABLE_KINDS`).
+    A length drop wins over the other kinds: it is the policy's doing, a signal to keep."""
+    excluded = linearization.excluded_tokens()
+    if summary.turns == 0:
+        kind = "no_turns"
+    elif summary.generated_tokens == 0:
+        kind = "nothing_generated"
+    elif excluded.get(LossReason.OVER_LENGTH):
+        kind = LENGTH_DROP
+    elif summary.aborted_turns == summary.turns:
+        kind = "aborted_turns"
+    else:
+        kind = "excluded"
+    counts = f"turns {summary.turns}, generated tokens {summary.generated_tokens}"
+    if excluded:
+        counts += "; excluded: " + ", ".join(f"{r} {n}" for r, n in sorted(excluded.items()))
+    return f"{NOTHING_TRAINABLE}: {kind}: {NOTHING_TRAINABLE_KINDS[kind]} ({counts})"
 
 
 def check_base(base: Any) -> int:

@@ -2,20 +2,32 @@
 
 Runs that "train" on nothing are the expensive kind of bug: an adapter that drops every tool call,
 a parser that turns every call into text, an infrastructure fault that aborts most episodes. Each
-step still produces a loss. So every rollout batch is checked for three shares of episodes:
+step still produces a loss. So every rollout batch is checked for these shares of episodes:
 
-- ``zero_trainable``: episodes whose samples train no token (aborted ones included);
-- ``zero_tool_calls``: episodes that ran but made no well-formed tool call;
+- ``zero_trainable``: episodes whose samples train no token (aborted ones, and graded ones left
+  with nothing to train, included);
+- ``zero_tool_calls``: episodes that ran (were graded) but made no well-formed tool call;
 - ``tool_call_parse_failures``: episodes that ran and whose share of malformed tool calls
   (``malformed / (well-formed + malformed)``) exceeds ``parse_failure_rate``;
+- ``aborts``: episodes aborted without a reward, whatever the cause (the engine, the sandbox,
+  grading, a worker, the environment);
 - ``environment_aborts``: episodes aborted because their task's environment failed (an image
   that cannot be pulled, a sandbox that cannot boot, a test runner that cannot start: the
   episode's reason starts with ``environment``), the run that "trains" on nothing because
-  its tasks never ran.
+  its tasks never ran;
+- ``length_drops``: graded episodes the sample length limit left with nothing to train
+  (``length_mode = "drop"``): the policy's own doing, so counted apart from the faults.
 
-A share above its limit trips the gate. A tripped gate names its causes: the aborted
-episodes' reasons, counted by their first word (``environment``, ``sandbox``, ...), with an
-example, so the alarm says what broke, not only how much.
+A share above its limit trips the gate, and a tripped gate stops the step by default
+(``fail_step``; ``fail_step = false`` lowers it to an error in the log and a mark in the dump).
+A tripped gate names its causes: the aborted episodes' reasons, counted by their first word
+(``environment``, ``sandbox``, ``nothing_trainable``, ...), with an example, so the alarm says
+what broke, not only how much.
+
+A graded episode with nothing to train (no model call, every call aborted, every sample dropped
+by the length limit) is recorded as aborted with the reason ``nothing_trainable: <kind>: ...``
+and its graded reward kept (:data:`NOTHING_TRAINABLE`): it counts in ``zero_trainable`` (and
+``length_drops``), among the episodes that ran, and not in ``aborts``.
 """
 
 from __future__ import annotations
@@ -31,16 +43,19 @@ from ._typed_config import FieldError
 
 @dataclass(frozen=True, slots=True)
 class GateConfig:
-    """Limits are shares of episodes in one rollout batch, in [0, 1]; ``fail_step`` makes a
-    tripped gate raise :class:`SilentFailureAlarm` (which stops slime's run) instead of only
-    logging and marking the samples."""
+    """Limits are shares of episodes in one rollout batch, in [0, 1]. A tripped gate raises
+    :class:`SilentFailureAlarm`, which fails slime's step and stops the run; ``fail_step =
+    false`` lowers it to a warning (an error in the log, the report in every sample's metadata,
+    the step trained)."""
 
     max_zero_trainable_share: float = 0.2
     max_zero_tool_call_share: float = 0.5
     parse_failure_rate: float = 0.2
     max_parse_failure_share: float = 0.2
+    max_abort_share: float = 0.2
     max_environment_abort_share: float = 0.5
-    fail_step: bool = False
+    max_length_drop_share: float = 0.2
+    fail_step: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -48,7 +63,9 @@ class GateConfig:
             "max_zero_tool_call_share",
             "parse_failure_rate",
             "max_parse_failure_share",
+            "max_abort_share",
             "max_environment_abort_share",
+            "max_length_drop_share",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -67,14 +84,31 @@ class EpisodeHealth:
     """The episode's outcome reason (for an aborted one: why it has no reward)."""
 
     @property
+    def nothing_trainable(self) -> str | None:
+        """For a graded episode left with nothing to train: the kind (``no_turns``,
+        ``aborted_turns``, ``length_drop``, ...); None otherwise."""
+        if self.status is not EpisodeStatus.ABORTED:
+            return None
+        head, _, rest = self.reason.partition(":")
+        if head.strip() != NOTHING_TRAINABLE:
+            return None
+        return rest.split(":", 1)[0].strip() or "unknown"
+
+    @property
     def ran(self) -> bool:
-        return self.status is not EpisodeStatus.ABORTED
+        """The episode was graded (aborted ones were not, except those with nothing to train)."""
+        return self.status is not EpisodeStatus.ABORTED or self.nothing_trainable is not None
+
+    @property
+    def aborted(self) -> bool:
+        """Aborted without a reward (a fault, not the policy)."""
+        return not self.ran
 
     @property
     def abort_cause(self) -> str | None:
         """An aborted episode's cause: its reason's first word (``environment``, ``sandbox``,
-        ...), or None for an episode that ran."""
-        if self.ran:
+        ``nothing_trainable``, ...), or None for an episode that was not aborted."""
+        if self.status is not EpisodeStatus.ABORTED:
             return None
         head = self.reason.split(":", 1)[0].strip().lower()
         return head if head and len(head) <= 40 else "unknown"
@@ -84,6 +118,10 @@ class EpisodeHealth:
         return self.abort_cause == ENVIRONMENT_CAUSE
 
     @property
+    def length_dropped(self) -> bool:
+        return self.nothing_trainable == LENGTH_DROP
+
+    @property
     def parse_failure_rate(self) -> float:
         attempts = self.tool_calls + self.malformed_tool_calls
         return self.malformed_tool_calls / attempts if attempts else 0.0
@@ -91,6 +129,18 @@ class EpisodeHealth:
 
 ENVIRONMENT_CAUSE = "environment"
 """The first word of the reason of an episode aborted for its task's environment."""
+NOTHING_TRAINABLE = "nothing_trainable"
+"""The first word of the reason of a graded episode left with nothing to train; the second is
+its kind (:data:`NOTHING_TRAINABLE_KINDS`)."""
+LENGTH_DROP = "length_drop"
+NOTHING_TRAINABLE_KINDS = {
+    "no_turns": "the agent made no model call",
+    "nothing_generated": "the engine generated no token",
+    "aborted_turns": "every model call was aborted",
+    LENGTH_DROP: "every trained token was past the sample length limit",
+    "excluded": "every generated token was excluded from training",
+}
+"""Why a graded episode has nothing to train, by kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +202,7 @@ def _causes(result: GateResult) -> str:
 
 
 class SilentFailureAlarm(RuntimeError):
-    """A rollout batch tripped a gate configured with ``fail_step``."""
+    """A rollout batch tripped a gate (with ``fail_step``, the default): the step fails."""
 
     def __init__(self, report: GateReport) -> None:
         super().__init__(f"agent-rl silent-failure gate tripped: {report.describe()}")
@@ -193,10 +243,22 @@ def evaluate_gates(episodes: Iterable[EpisodeHealth], config: GateConfig) -> Gat
                 config.max_parse_failure_share,
             ),
             _result(
+                "aborts",
+                [e for e in everyone if e.aborted],
+                len(everyone),
+                config.max_abort_share,
+            ),
+            _result(
                 "environment_aborts",
                 [e for e in everyone if e.environment_failed],
                 len(everyone),
                 config.max_environment_abort_share,
+            ),
+            _result(
+                "length_drops",
+                [e for e in everyone if e.length_dropped],
+                len(everyone),
+                config.max_length_drop_share,
             ),
         )
     )

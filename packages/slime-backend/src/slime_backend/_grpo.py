@@ -80,13 +80,14 @@ def normalized_rewards(
         mean = math.fsum(counted) / len(counted) if counted else 0.0
         divisor = 1.0
         if normalization.divide_by_std:
-            divisor = _sample_std(counted, mean) + normalization.epsilon
+            divisor = sample_std(counted, mean) + normalization.epsilon
         for e in members:
             values[e.episode] = (e.reward - mean) / divisor if e.in_baseline else 0.0
     return values
 
 
-def _sample_std(values: Sequence[float], mean: float) -> float:
+def sample_std(values: Sequence[float], mean: float) -> float:
+    """The sample standard deviation (n - 1), 0 for fewer than two values."""
     if len(values) < 2:
         return 0.0
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))

@@ -30,8 +30,10 @@ def episode_record(
     """Facts about the whole episode, identical on each of its samples.
 
     ``samples`` and ``trained_tokens`` describe what slime gets (0 for an aborted episode, whatever
-    its tree holds); the tool-call counts cover every recorded turn, trained or not. ``extra``
-    adds the weight versions and how the episode was run.
+    its tree holds); the tool-call counts cover every recorded turn, trained or not. ``status``,
+    ``reason`` and ``reward`` are the final outcome (a graded episode with nothing to train is
+    ``aborted`` with its graded reward). ``extra`` adds the app's own status (``graded_status``),
+    the weight versions and how the episode was run.
     """
     return {
         "session_id": tree.session_id,

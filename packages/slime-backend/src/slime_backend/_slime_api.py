@@ -34,6 +34,23 @@ def sample_class() -> type[Any]:
     return cls
 
 
+def filter_output_class() -> type[Any]:
+    """slime's ``DynamicFilterOutput``, what a dynamic-sampling filter returns (a plain ``bool``
+    is read as ``keep`` by slime, losing the reason). Where slime is not installed at all (tests,
+    tools), :class:`slime_backend.testing.StandInFilterOutput`; a slime without the class
+    raises: its contract moved."""
+    try:
+        module = importlib.import_module("slime.rollout.filter_hub.base_types")
+    except ModuleNotFoundError as exc:
+        if exc.name != "slime":
+            raise
+        from .testing import StandInFilterOutput
+
+        return StandInFilterOutput
+    cls: type[Any] = module.DynamicFilterOutput
+    return cls
+
+
 class SlimeSample(Protocol):
     """The fields of slime's ``Sample`` this package reads (see docs/slime-contract.md)."""
 

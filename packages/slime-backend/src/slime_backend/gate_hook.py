@@ -7,8 +7,11 @@ a list of samples. Its return value is ignored. That placement is why the gates 
 in the reward hook: the report written into each sample's ``metadata["agent_rl"]["gates"]`` is in
 the dump a researcher opens.
 
-Limits come from ``args.agent_rl["gates"]`` (the launcher's custom config, see
-:mod:`slime_backend._settings`); a run wired without it fails loudly on the first batch.
+A tripped gate raises :class:`SilentFailureAlarm` out of slime's rollout function, which fails
+the step and stops the run (``gates.fail_step``, on by default); with ``fail_step = false`` it is
+an error in the log and a mark in the dump, and the step trains. Limits come from
+``args.agent_rl["gates"]`` (the launcher's custom config, see :mod:`slime_backend._settings`); a
+run wired without it fails loudly on the first batch.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 def check_rollout_batch(args: Any, data: list[Any]) -> None:
-    """The hook slime calls; raises :class:`SilentFailureAlarm` only with ``fail_step``."""
+    """The hook slime calls; raises :class:`SilentFailureAlarm` when a gate trips, unless
+    ``fail_step = false``."""
     config = BackendSettings.from_args(args).gates
     leaves = list(_leaves(data))
     samples = [s for s in leaves if NAMESPACE in (s.metadata or {})]
@@ -62,6 +66,10 @@ def check_rollout_batch(args: Any, data: list[Any]) -> None:
         )
         if config.fail_step:
             raise SilentFailureAlarm(report)
+        logger.warning(
+            "agent-rl gates: gates.fail_step = false, so this step trains anyway (the report is "
+            "in every sample's metadata)"
+        )
     else:
         logger.info("agent-rl gates passed for %d episodes: %s", len(episodes), marks)
 

@@ -9,9 +9,12 @@ attribute, which slime loads with ``--custom-generate-function-path``::
 slime awaits ``generate(args, sample, sampling_params, evaluation=...)`` (the ``evaluation``
 keyword is passed because the signature names it). Each call:
 
-1. reads the run's settings from ``args.agent_rl`` (the launcher's custom config) and the rest
-   from slime's own ``args`` (:mod:`slime_backend._rollout_args`), and turns ``sampling_params``
-   into the adapter's sampling (:mod:`slime_backend._sampling`); a bad value raises one
+1. on the first call, refuses by name the slime features it cannot serve (a group reward model,
+   partial rollout, a dynamic-sampling filter that does not handle lists of samples, our hooks
+   missing, ...: :mod:`slime_backend._fan_out`), whatever launched slime; then reads the run's
+   settings from ``args.agent_rl`` (the launcher's custom config) and the rest from slime's own
+   ``args`` (:mod:`slime_backend._rollout_args`), and turns ``sampling_params`` into the
+   adapter's sampling (:mod:`slime_backend._sampling`); a bad value raises one
    :class:`~slime_backend.ConfigError` naming it, before any episode runs;
 2. runs the episode in this process (``workers.mode = "local"``, :mod:`slime_backend._runtime`)
    or on the least-loaded Ray rollout worker (``"ray"``, :mod:`slime_backend._ray_workers`),
@@ -41,6 +44,7 @@ from trajectory_tree import RewardPolicy, SessionTree
 from ._conversion import ConversionError, ConversionOptions, check_base, episode_samples
 from ._episode import Episode, EpisodeOutcome, JsonValue
 from ._episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_episode
+from ._fan_out import check_slime_args
 from ._ray_workers import RayWorkerPool
 from ._rollout_args import RolloutArgs
 from ._runtime import AdapterRuntime, RuntimeSetup, load_checkpoint_off_loop
@@ -111,6 +115,8 @@ class SlimeGenerate:
     # -- one call's pieces ---------------------------------------------------------------------
 
     def _setup_for(self, args: Any) -> RuntimeSetup:
+        if self._setup is None:  # the first call (again after a refusal, which raises)
+            check_slime_args(args)
         setup = RuntimeSetup(RolloutArgs.from_args(args), BackendSettings.from_args(args))
         if self._setup is not None and setup != self._setup:
             raise RuntimeError(

@@ -8,7 +8,9 @@ consumes. See :mod:`slime_backend._grpo` for the math.
 Episodes are told apart by ``rollout_id`` (falling back to ``index``, as slime does) and grouped by
 ``group_index``; every sample of an episode must carry the same reward and group. An episode with
 an ``aborted`` sample is left out of its group's baseline and gets 0: its reward says nothing about
-the policy, and its placeholder trains nothing anyway.
+the policy, and its placeholder trains nothing anyway. So is an episode the app graded but that
+left nothing to train (its placeholder is ``aborted`` too, its reason ``nothing_trainable: ...``):
+it moves no baseline, and its metadata says so.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def post_process_rewards(
         rewards_normalization=args.rewards_normalization,
         grpo_std_normalization=args.grpo_std_normalization,
     )
-    raw = [_reward(s, getattr(args, "reward_key", None)) for s in samples]
+    raw = _raw_rewards(args, samples)
     episodes = _episodes(samples, raw)
     values = normalized_rewards(list(episodes.values()), normalization)
     excluded = sum(1 for e in episodes.values() if not e.in_baseline)
@@ -49,6 +51,16 @@ def post_process_rewards(
         normalization.divide_by_std,
     )
     return raw, [values[episode_key(s)] for s in samples]
+
+
+def episode_rewards(args: Any, samples: Sequence[SlimeSample]) -> dict[int, EpisodeReward]:
+    """Each episode of ``samples`` once, by its key: its reward, group and whether it is in its
+    group's baseline (what this hook normalizes; the dynamic-sampling filter reads the same)."""
+    return _episodes(samples, _raw_rewards(args, samples))
+
+
+def _raw_rewards(args: Any, samples: Sequence[SlimeSample]) -> list[float]:
+    return [_reward(s, getattr(args, "reward_key", None)) for s in samples]
 
 
 def _reward(sample: SlimeSample, reward_key: str | None) -> float:

@@ -1,4 +1,6 @@
-"""A stand-in for ``slime.utils.types.Sample`` where slime cannot be installed (no GPU, no torch).
+"""Stand-ins for slime's types where slime cannot be installed (no GPU, no torch): its ``Sample``
+and its ``DynamicFilterOutput``; and slime's ``args`` and sampling dict for driving the generate
+function without slime.
 
 Same field names, order and defaults, and the same ``Status`` values, as slime's ``Sample`` at the
 commit pinned in docs/slime-contract.md; fields that slime types as tensors are plain lists here.
@@ -15,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ._fan_out import GATE_HOOK, REWARD_HOOK
 from ._settings import BackendSettings
 
 
@@ -76,13 +79,23 @@ class StandInSample:
     prefix_cache_info: StandInPrefixCacheInfo = field(default_factory=StandInPrefixCacheInfo)
 
 
+@dataclass
+class StandInFilterOutput:
+    """Test double of slime's ``DynamicFilterOutput`` (same fields, order and defaults)."""
+
+    keep: bool
+    reason: str | None = None
+    keep_when_insufficient: bool = False
+
+
 def slime_args(
     router_url: str, checkpoint: Path, settings: BackendSettings, **overrides: object
 ) -> SimpleNamespace:
     """slime's parsed ``args`` as the generate function and our hooks see them, for driving the
     generate function without slime (tests, the CPU demo): the fields slime sets (names at the
-    pinned commit) plus the custom config loaded as slime loads it, each top-level key an
-    attribute (the config is JSON, so ``json.loads`` reads what ``yaml.safe_load`` would)."""
+    pinned commit), the hooks the launcher wires in (the generate function checks them), plus
+    the custom config loaded as slime loads it, each top-level key an attribute (the config is
+    JSON, so ``json.loads`` reads what ``yaml.safe_load`` would)."""
     host, _, port = router_url.removeprefix("http://").rpartition(":")
     values: dict[str, object] = {
         "hf_checkpoint": str(checkpoint),
@@ -99,6 +112,9 @@ def slime_args(
         "rewards_normalization": True,
         "grpo_std_normalization": True,
         "router_policy": "consistent_hashing",
+        "custom_generate_function_path": settings.episode.generate,
+        "custom_reward_post_process_path": REWARD_HOOK,
+        "rollout_sample_filter_path": GATE_HOOK,
         **json.loads(settings.custom_config()),
     }
     values.update(overrides)

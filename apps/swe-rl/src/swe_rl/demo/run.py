@@ -269,8 +269,14 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
             "finished is written",
             highlight=False,
         )
-    for alarm in result.gates.tripped:
-        console.print(f"[bold red]alarm[/] {alarm.name}: {alarm.offending}/{alarm.episodes}")
+    if result.gates.tripped:
+        console.print(
+            f"[bold red]ALARM[/] silent-failure gates tripped: {result.gates.describe()}. In "
+            "training, slime-backend's gates stop the step here and nothing is trained "
+            "([gates] fail_step = false only warns); the episodes are all in the table above, "
+            "run.json and the viewer.",
+            highlight=False,
+        )
     for problem in result.write_errors:
         console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
     console.print(f"samples:  {result.samples_path}")

@@ -290,8 +290,12 @@ def _flags(health: EpisodeHealth) -> list[dict[str, str]]:
                 f"{health.malformed_tool_calls} of {attempts} tool calls malformed",
             )
         )
+    if health.aborted:
+        flags.append(_flag("aborts", f"aborted ({health.abort_cause}): no reward"))
     if health.environment_failed:
         flags.append(_flag("environment_aborts", "aborted: its task's environment failed"))
+    if health.length_dropped:
+        flags.append(_flag("length_drops", "every sample dropped by the length limit"))
     return flags
 
 

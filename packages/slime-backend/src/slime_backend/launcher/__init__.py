@@ -3,10 +3,10 @@
 The public API is what this module exports; its modules (``_config``, ...) are internal.
 """
 
+from slime_backend._fan_out import GATE_HOOK, REWARD_HOOK
+
 from ._command import (
-    GATE_HOOK,
     REFUSED_FLAGS,
-    REWARD_HOOK,
     ROUTER_POLICY,
     ray_submit_command,
     survives_ray_entrypoint,

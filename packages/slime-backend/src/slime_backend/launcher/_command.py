@@ -9,7 +9,9 @@ Three facts shape this module (docs/slime-contract.md has the evidence):
   ``/bin/sh``. A value the shell would reinterpret (``$``, ``;``, a glob) is refused with the field
   that holds it, instead of reaching slime altered.
 - Some slime features break with a generate function that returns several samples per episode, or
-  bypass our hooks; ``extra_args`` may not turn them on (:data:`REFUSED_FLAGS`).
+  bypass our hooks; the whole command is checked with the generate function's own check
+  (:func:`slime_backend._fan_out.refusals`, :data:`REFUSED_FLAGS`), so ``extra_args`` cannot turn
+  them on.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ import json
 import string
 from collections.abc import Iterable
 
+from slime_backend._fan_out import GATE_HOOK, REWARD_HOOK, RULES, command_values, refusals
 from slime_backend._typed_config import ConfigError
 
 from ._config import RunnerConfig
 
-REWARD_HOOK = "slime_backend.reward_hook.post_process_rewards"
-GATE_HOOK = "slime_backend.gate_hook.check_rollout_batch"
 ROUTER_POLICY = "consistent_hashing"
 """Keeps a session's calls on one engine: the adapters send ``X-SMG-Routing-Key`` per session."""
 CUSTOM_CONFIG_FILE = "agent_rl.yaml"
@@ -31,15 +32,9 @@ CUSTOM_CONFIG_FILE = "agent_rl.yaml"
 RUNTIME_ENV_DEFAULTS = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 """What slime's own launch scripts put in the job's environment besides ``PYTHONPATH``."""
 
-REFUSED_FLAGS = {
-    "--group-rm": "slime's group reward path crashes on generate results that are lists",
-    "--partial-rollout": "slime's abort path reads .response of each generate result; "
-    "ours are lists",
-    "--custom-convert-samples-to-train-data-path": "it bypasses the per-episode GRPO hook",
-    "--rollout-function-path": "the silent-failure gates run in slime's default rollout function",
-    "--rollout-top-p": "top-p replay needs per-token nucleus ids the adapters do not record",
-}
-"""Flags ``extra_args`` may not contain, with the reason."""
+REFUSED_FLAGS = {rule.flag: rule.reason for rule in RULES}
+"""slime flags the command may not set (or only to some values), with the reason: the same
+check the generate function applies to slime's ``args`` on its first call."""
 
 _OURS = "slime_backend's wiring"
 _PLAIN = frozenset(string.ascii_letters + string.digits + '_@%+=:,./{}-"')
@@ -123,7 +118,7 @@ def train_args(config: RunnerConfig) -> list[str]:
     _rollout(argv, config)
     _training(argv, config)
     _wiring(argv, config)
-    return [*argv.tokens, *_extra_args(config, argv.flags)]
+    return [*argv.tokens, *_extra_args(config, argv)]
 
 
 def ray_submit_command(config: RunnerConfig) -> list[str]:
@@ -222,28 +217,21 @@ def _wiring(argv: _Argv, config: RunnerConfig) -> None:
         argv.value("--save-debug-rollout-data", dump, "run.dir")
 
 
-def _extra_args(config: RunnerConfig, ours: dict[str, str]) -> list[str]:
+def _extra_args(config: RunnerConfig, argv: _Argv) -> list[str]:
+    ours = argv.flags
     tokens = list(config.extra_args)
     for index, token in enumerate(tokens):
         source = f"extra_args[{index}]"
         _text(token, source)
-        if not token.startswith("--"):
-            continue
-        flag, _, inline = token.partition("=")
-        if flag in ours:
+        flag = token.partition("=")[0]
+        if token.startswith("--") and flag in ours:
             raise ConfigError(source, f"{flag} is already set by {ours[flag]}")
-        if flag in REFUSED_FLAGS:
-            value = inline or (tokens[index + 1] if index + 1 < len(tokens) else "")
-            if not (flag == "--rollout-top-p" and _is_one(value)):
-                raise ConfigError(source, f"{flag} is not supported: {REFUSED_FLAGS[flag]}")
+    values = command_values([*argv.tokens, *tokens])
+    for flag, problem in refusals({f: value for f, (_, value) in values.items()}):
+        index = values[flag][0] - len(argv.tokens) if flag in values else -1
+        source = f"extra_args[{index}]" if index >= 0 else ours.get(flag, _OURS)
+        raise ConfigError(source, f"{flag} is not supported: {problem}")
     return tokens
-
-
-def _is_one(value: str) -> bool:
-    try:
-        return float(value) == 1.0
-    except ValueError:
-        return False
 
 
 def _flag_of(field_name: str) -> str:
