@@ -1,7 +1,9 @@
 """slime's real rollout function, run without a GPU: the code our hooks live in, as it is.
 
-``tests/data/slime_source`` holds slime's rollout modules verbatim at the pinned commit (copied
-and pinned by ``tools/slime_contract.py``; ``test_contract.py`` checks their hashes):
+slime's rollout modules are read from the slime checkout ``AGENT_RL_SLIME_CHECKOUT`` names (a
+work tree or a bare git directory; slime is not on PyPI and nothing of it is copied into this
+repository), each checked against the SHA-256 ``tools/slime_contract.py`` pinned for the pinned
+commit:
 ``slime.rollout.sglang_rollout`` (``generate_rollout``, ``generate_rollout_async``,
 ``generate_and_rm_group``, ``generate_and_rm``, ``abort``), ``slime.rollout.base_types``,
 ``slime.rollout.filter_hub.base_types`` (``DynamicFilterOutput``, ``call_dynamic_filter``),
@@ -35,11 +37,14 @@ import asyncio
 import contextlib
 import copy
 import functools
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import json
+import os
 import random
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,8 +58,9 @@ from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample, slime_args
 
 DATA = Path(__file__).resolve().parent / "data"
-SOURCES = DATA / "slime_source"
 CONTRACT = json.loads((DATA / "slime_contract.json").read_text())
+CHECKOUT = os.environ.get("AGENT_RL_SLIME_CHECKOUT")
+"""A slime checkout at the pinned commit; the tests that run slime's code skip without one."""
 REAL_MODULES = (
     "slime.utils.async_utils",
     "slime.rollout.filter_hub.base_types",
@@ -71,8 +77,24 @@ GENERATE_PATH = f"{APP_MODULE}.generate"
 :class:`SlimeRollout` installs with a fresh generate function (one process, one run)."""
 
 
-def source_path(module: str) -> Path:
-    return SOURCES / (module.replace(".", "/") + ".py.txt")
+def slime_source(module: str) -> tuple[str, str]:
+    """(path in the checkout, text) of a slime module, refused unless it is the pinned one."""
+    assert CHECKOUT, "set AGENT_RL_SLIME_CHECKOUT to a slime checkout"
+    name = module.replace(".", "/") + ".py"
+    where = Path(CHECKOUT)
+    if (where / "train.py").is_file():
+        text = (where / name).read_text()
+    else:
+        text = subprocess.run(
+            ["git", "--git-dir", str(where), "show", f"HEAD:{name}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    pinned = CONTRACT["rollout_sources"][name]
+    assert digest == pinned, f"{name} in {CHECKOUT} is not the pinned one (move the pin)"
+    return str(where / name), text
 
 
 def rollout_args(
@@ -191,14 +213,14 @@ class SlimeRollout:
             setattr(self.modules[parent], child, module)
 
     def _load(self, name: str) -> ModuleType:
-        path = source_path(name)
-        spec = importlib.util.spec_from_loader(name, loader=None, origin=str(path))
+        path, text = slime_source(name)
+        spec = importlib.util.spec_from_loader(name, loader=None, origin=path)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
-        module.__file__ = str(path)
+        module.__file__ = path
         module.__package__ = name.rpartition(".")[0]
         self._install(name, module)
-        exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+        exec(compile(text, path, "exec"), module.__dict__)
         return module
 
 

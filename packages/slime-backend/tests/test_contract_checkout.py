@@ -46,9 +46,6 @@ def test_the_checked_in_facts_are_the_checkouts() -> None:
         checkout, pinned["mounted"], list(pinned["flag_defaults"]), list(pinned["rollout_sources"])
     )
     assert fresh == pinned
-    for name in pinned["rollout_sources"]:
-        copy = PACKAGE / "tests" / "data" / "slime_source" / f"{name}.txt"
-        assert copy.read_text() == checkout.read(name), name
 
 
 def test_the_tool_reports_no_drift() -> None:

@@ -1,11 +1,12 @@
 """Our hooks inside slime's real rollout code: a training step's rollout, gates that stop it.
 
-slime's ``generate_rollout`` (``slime/rollout/sglang_rollout.py`` at the pinned commit, verbatim:
-``slime_rollout.py`` says what stands in for the GPU stack) drives our generate function on its
-own loop thread, calls our dynamic-sampling filter on each finished group and our gate hook on
-the finished batch. Real parts otherwise as in ``test_generate.py``: the adapter, the Qwen3
-tokenizer and template, the SGLang client, the ``anthropic`` SDK as the agent's client, the
-engine double on the test's loop.
+slime's ``generate_rollout`` (``slime/rollout/sglang_rollout.py`` at the pinned commit, read from
+the slime checkout ``AGENT_RL_SLIME_CHECKOUT`` names, as the contract checkout tests do, and
+skipped without one; ``slime_rollout.py`` says what stands in for the GPU stack) drives our
+generate function on its own loop thread, calls our dynamic-sampling filter on each finished
+group and our gate hook on the finished batch. Real parts otherwise as in ``test_generate.py``:
+the adapter, the Qwen3 tokenizer and template, the SGLang client, the ``anthropic`` SDK as the
+agent's client, the engine double on the test's loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 from rollout_kit import AgentModel
-from slime_rollout import SlimeRollout, TaskSource, rollout_args
+from slime_rollout import CHECKOUT, SlimeRollout, TaskSource, rollout_args
 
 from protocol_adapters import Vocabulary
 from protocol_adapters.testing import EngineDouble
@@ -36,6 +37,14 @@ from slime_backend import (
 )
 from slime_backend.testing import StandInSample
 from trajectory_tree import LengthMode
+
+pytestmark = [
+    pytest.mark.slime_checkout,
+    pytest.mark.skipif(
+        not CHECKOUT,
+        reason="runs slime's rollout code: set AGENT_RL_SLIME_CHECKOUT to a slime checkout",
+    ),
+]
 
 OUR_FILTER = "slime_backend.dynamic_filter.check_reward_nonzero_std"
 

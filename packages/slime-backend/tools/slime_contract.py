@@ -18,9 +18,10 @@ source (slime imports torch, so it is never imported):
   ``--dynamic-sampling-filter-path`` function returns;
 - ``flag_defaults``: the ``dest`` and ``default`` of each flag the existing file lists there (the
   flags the generate function checks on its first call; add a flag's key to extend it);
-- ``rollout_sources``: the SHA-256 of each slime file the existing file lists there, copied
-  verbatim (suffixed ``.txt``) under ``tests/data/slime_source/``: slime's real rollout code,
-  which the tests run without a GPU (``tests/slime_rollout.py``).
+- ``rollout_sources``: the SHA-256 of each slime file the existing file lists there: slime's
+  rollout code, which ``tests/slime_rollout.py`` runs from a checkout without a GPU (only with
+  ``AGENT_RL_SLIME_CHECKOUT``; nothing of slime's is copied into this repository), after
+  checking the checkout's files are the pinned ones.
 
 ``mounted`` is kept from the existing file: flags slime's parser takes from other packages
 (Megatron-LM, sglang-router) that we emit, each with a file of the checkout that shows slime uses
@@ -43,7 +44,6 @@ PARSER_FILES = ("slime/utils/arguments.py", "slime/backends/sglang_utils/argumen
 SAMPLE_FILE = "slime/utils/types.py"
 ROLLOUT_FILE = "slime/ray/rollout.py"
 FILTER_TYPES_FILE = "slime/rollout/filter_hub/base_types.py"
-SOURCES = DATA.parent / "slime_source"
 
 
 class Checkout:
@@ -191,10 +191,6 @@ def flag_defaults(sources: list[str], flags: Sequence[str]) -> dict[str, dict[st
     return dict(sorted(found.items()))
 
 
-def source_copy(name: str) -> Path:
-    return SOURCES / f"{name}.txt"
-
-
 def rollout_sources(checkout: Checkout, names: Sequence[str]) -> dict[str, str]:
     return {
         name: hashlib.sha256(checkout.read(name).encode()).hexdigest() for name in sorted(names)
@@ -235,11 +231,6 @@ def extract(
     }
 
 
-def _copied(checkout: Checkout, name: str) -> bool:
-    copy = source_copy(name)
-    return copy.is_file() and copy.read_text() == checkout.read(name)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkout", type=Path, help="slime work tree or bare git directory")
@@ -260,17 +251,9 @@ def main() -> int:
             changed = sorted(k for k in fresh if fresh[k] != current.get(k))
             print(f"slime contract drifted in: {', '.join(changed)}", file=sys.stderr)
             return 1
-        stale = [n for n in current.get("rollout_sources", {}) if not _copied(checkout, n)]
-        if stale:
-            print(f"copies differ from the checkout: {', '.join(stale)}", file=sys.stderr)
-            return 1
         print(f"slime contract matches {fresh['slime_commit']}")
         return 0
     args.data.write_text(text)
-    for name in current.get("rollout_sources", {}):
-        copy = source_copy(name)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(checkout.read(name))
     print(f"wrote {args.data} from {fresh['slime_commit']}")
     return 0
 
