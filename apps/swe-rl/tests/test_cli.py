@@ -37,6 +37,7 @@ def swe_rl(
         ((), "Without a command, runs the local demo"),
         (("demo",), "SCRIPTED policy"),
         (("rollout",), "--engine-url URL"),
+        (("rollout",), "--rollout-temperature X"),
         (("train",), "--dry-run"),
         (("view",), "RUN_DIR"),
         (("convert-swebench",), "never to what an episode sees"),

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from swe_rl import __version__
 from swe_rl.errors import UsageError
+from swe_rl.rollout_flags import add_settings_arguments
 
 if TYPE_CHECKING:
     from swe_rl.image_build import BuildahBuilder, BuiltImage
@@ -104,19 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ray", metavar="ADDRESS", help="spread episodes over the nodes of this Ray cluster"
     )
     rollout.add_argument("--out", type=Path, required=True, metavar="DIR")
-    rollout.add_argument(
-        "--context-tokens",
-        type=_positive_int,
-        metavar="N",
-        help="context length (default: what the engine reports)",
-    )
-    rollout.add_argument(
-        "--budget",
-        type=_positive_float,
-        default=1800.0,
-        metavar="SECONDS",
-        help="wall-clock budget of each agent run (default: %(default)s)",
-    )
+    add_settings_arguments(rollout)
     _image_cache(rollout)
     rollout.add_argument(
         "--unsafe-no-sandbox",

@@ -25,16 +25,16 @@ from protocol_adapters import (
 from slime_backend import (
     AgentSettings,
     BackendSettings,
-    EpisodeSettings,
     SandboxSettings,
     WorkerSettings,
     to_mapping,
 )
 from slime_backend.generate import make_generate
-from slime_backend.testing import StandInSample, slime_args, slime_sampling_params
+from slime_backend.testing import StandInSample, slime_args
 from swe_rl.environment import image_cache_config
 from swe_rl.errors import UsageError
 from swe_rl.rollout import ConfiguredEpisode
+from swe_rl.rollout_settings import settings_from_args, template_verdict
 from swe_rl.run import GenerateSource, Run, abort_counts, plan
 from swe_rl.task_file import command_rows
 from swe_rl.viewer import write_viewer
@@ -43,21 +43,28 @@ from swe_rl.viewer import write_viewer
 async def run_rollout(args: argparse.Namespace) -> int:
     console = Console()
     rows = command_rows(args.tasks, console)
-    checkpoint = _checkpoint(args.checkpoint)
+    checkpoint = checkpoint_arg(args.checkpoint)
+    chosen = settings_from_args(args, args.checkpoint, checkpoint.template.source)
+    template_verdict(checkpoint, chosen.settings.template_mode)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    isolation = _isolation(args)
-    context = args.context_tokens or await _engine_context(args.engine_url)
+    isolation = sandbox_isolation(args)
+    chosen = chosen.with_engine_context(await engine_context(args.engine_url))
+    console.print(chosen.table())
+    rollout = chosen.settings
     settings = BackendSettings(
-        episode=EpisodeSettings("swe_rl.rollout.generate", wall_clock_s=args.budget),
+        episode=rollout.episode_settings("swe_rl.rollout.generate"),
         agent=AgentSettings(args.agent),
         sandbox=SandboxSettings(args.sandbox, sandbox_options(args, out, isolation)),
+        adapter=rollout.adapter_settings(),
         workers=WorkerSettings(mode="ray" if args.ray else "local"),
     )
     if args.ray:
         _connect_ray(args.ray)
-    slime = slime_args(args.engine_url, args.checkpoint, settings, rollout_max_context_len=context)
-    sampling = slime_sampling_params(slime)
+    slime = slime_args(
+        args.engine_url, args.checkpoint, settings, **rollout.slime_overrides(chosen.context)
+    )
+    sampling = rollout.sampling_params()
     generate = make_generate(ConfiguredEpisode(), sample_class=StandInSample)
 
     run = Run(
@@ -67,7 +74,11 @@ async def run_rollout(args: argparse.Namespace) -> int:
         title=f"swe-rl rollout: {args.tasks.name}",
         policy=str(args.checkpoint),
         agent=args.agent,
-        extra={"checkpoint": str(args.checkpoint), "conversion": to_mapping(settings.conversion)},
+        extra={
+            "checkpoint": str(args.checkpoint),
+            "conversion": to_mapping(settings.conversion),
+            "settings": chosen.record(),
+        },
     )
     try:
         result = await run.execute(plan(rows, args.episodes_per_task))
@@ -93,7 +104,8 @@ async def run_rollout(args: argparse.Namespace) -> int:
     return 130 if result.interrupted else 1 if result.write_errors else 0
 
 
-def _checkpoint(directory: Path) -> Checkpoint:
+def checkpoint_arg(directory: Path) -> Checkpoint:
+    """The --checkpoint directory's tokenizer and chat template, or the user's error."""
     try:
         return load_checkpoint(directory)
     except (OSError, CheckpointError) as error:
@@ -122,7 +134,8 @@ def sandbox_options(args: argparse.Namespace, out: Path, isolation: str) -> dict
     return options
 
 
-def _isolation(args: argparse.Namespace) -> str:
+def sandbox_isolation(args: argparse.Namespace) -> str:
+    """bubblewrap, or none when told: a real model's commands never run unsandboxed otherwise."""
     if args.unsafe_no_sandbox:
         return "none"
     if args.sandbox == "local" and shutil.which("bwrap") is None:
@@ -134,7 +147,8 @@ def _isolation(args: argparse.Namespace) -> str:
     return "bwrap"
 
 
-async def _engine_context(url: str) -> int:
+async def engine_context(url: str) -> int:
+    """The engine's context length (what SGLang reports), or the user's error saying why not."""
     try:
         async with SGLangEngine(SGLangConfig(base_url=url)) as engine:
             return await engine.context_length()
