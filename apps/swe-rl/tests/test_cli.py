@@ -38,6 +38,7 @@ def swe_rl(
         (("demo",), "SCRIPTED policy"),
         (("rollout",), "--engine-url URL"),
         (("rollout",), "--rollout-temperature X"),
+        (("check",), "Stops at the first failing step (exit 1) and says what to do"),
         (("train",), "--dry-run"),
         (("view",), "RUN_DIR"),
         (("convert-swebench",), "never to what an episode sees"),
@@ -55,6 +56,7 @@ def test_every_command_has_help(args: tuple[str, ...], expected: str) -> None:
     ("args", "message"),
     [
         (("rollout", "tasks.jsonl"), "the following arguments are required: --engine-url"),
+        (("check", "tasks.jsonl"), "the following arguments are required: --engine-url"),
         (("demo", "-k", "0"), "argument -k/--episodes-per-task: must be at least 1, got 0"),
         (("demo", "--concurrency", "two"), "not a whole number: 'two'"),
         (("frobnicate",), "unrecognized arguments: frobnicate"),

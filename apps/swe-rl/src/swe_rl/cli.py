@@ -2,6 +2,7 @@
 
     swe-rl                         the demo: scripted policy, real Claude Code, real sandboxes
     swe-rl rollout ...             the same episodes against a real SGLang server and checkpoint
+    swe-rl check ...               preflight: one episode of one task, step by step
     swe-rl train RUN.toml          launch slime (`--dry-run` prints the command)
     swe-rl view RUN_DIR            (re)write a run's HTML trajectory viewer
     swe-rl convert-swebench IN OUT SWE-bench-family rows -> task rows, each in its image
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
-from swe_rl import __version__
+from swe_rl import __version__, check_command
 from swe_rl.errors import UsageError
 from swe_rl.rollout_flags import add_settings_arguments
 
@@ -113,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the agent's commands as plain host processes (NEVER with "
         "a model you do not trust)",
     )
+
+    check = commands.add_parser(
+        "check", help=check_command.HELP, description=check_command.DESCRIPTION
+    )
+    check_command.add_check_arguments(check)
+    _agent_options(check)
+    _image_cache(check)
 
     train = commands.add_parser(
         "train",
@@ -549,6 +557,7 @@ _TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
     "rollout": _rollout,
+    "check": check_command.run,
     "train": _train,
     "view": _view,
     "convert-swebench": _convert,
