@@ -17,6 +17,7 @@ Three facts shape this module (docs/slime-contract.md has the evidence):
 from __future__ import annotations
 
 import json
+import os
 import string
 from collections.abc import Iterable
 
@@ -131,10 +132,29 @@ def ray_submit_command(config: RunnerConfig) -> list[str]:
     command = ["ray", "job", "submit", "--address", config.ray.address]
     if config.ray.submission_id:
         command += ["--submission-id", config.ray.submission_id]
-    command += ["--runtime-env-json", json.dumps({"env_vars": env}, sort_keys=True)]
+    runtime_env: dict[str, object] = {"env_vars": env}
+    if config.ray.wheels is not None:
+        runtime_env["pip"] = {"packages": _wheels(config.ray.wheels), "pip_check": False}
+    command += ["--runtime-env-json", json.dumps(runtime_env, sort_keys=True)]
     if config.ray.no_wait:
         command.append("--no-wait")
     return [*command, "--", *train_command(config)]
+
+
+def _wheels(directory: str) -> list[str]:
+    """The wheels in `directory` (read here, on the machine that submits: the nodes read the
+    same path), refused when there are none."""
+    try:
+        names = sorted(name for name in os.listdir(directory) if name.endswith(".whl"))
+    except OSError as error:
+        raise ConfigError("ray.wheels", f"cannot list {directory}: {error.strerror}") from None
+    if not names:
+        raise ConfigError(
+            "ray.wheels",
+            f"{directory} holds no wheel: build them with "
+            "`uv build --all-packages --wheel --out-dir DIR`",
+        )
+    return [os.path.join(directory, name) for name in names]
 
 
 def _cluster(argv: _Argv, config: RunnerConfig) -> None:

@@ -64,14 +64,22 @@ class SlimeInstall:
 
 @dataclass(frozen=True, slots=True)
 class RayJob:
-    """``ray job submit`` settings; ``env`` is added to the job's runtime environment."""
+    """``ray job submit`` settings; ``env`` is added to the job's runtime environment.
+
+    ``wheels``: a directory of this project's wheels (``uv build --all-packages --wheel
+    --out-dir DIR``) on a file system every node mounts at that path. The job's runtime
+    environment installs them (``pip``) on each node when the job starts, in a virtual
+    environment layered over slime's, so nothing is installed by hand; their own dependencies
+    come from the nodes' package index."""
 
     address: str = "http://127.0.0.1:8265"
     submission_id: str | None = None
     no_wait: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    wheels: str | None = None
 
     def __post_init__(self) -> None:
+        _absolute(self, "wheels")
         if "PYTHONPATH" in self.env:
             raise FieldError("env", "PYTHONPATH is set from slime.dir and slime.megatron_dir")
 
