@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -82,9 +83,8 @@ def test_ray_installs_the_wheels_the_launcher_names_on_the_node(tmp_path: Path) 
     Ray (one node on 127.0.0.1) from the launcher's runtime environment: the job's task imports
     it from the environment Ray made, not from this one."""
     ray = pytest.importorskip("ray")
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.skip("uv is not on the PATH")
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv, "building the wheel needs uv (pip install uv)"
     wheels = tmp_path / "wheels"
     built = subprocess.run(
         [uv, "build", "--package", "agent-rl-trajectory-tree", "--wheel", "--out-dir", str(wheels)],
