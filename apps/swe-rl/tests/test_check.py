@@ -238,7 +238,8 @@ async def test_check_stops_at_the_agent_when_its_cli_cannot_reach_the_adapter(
 
 
 def test_check_runs_the_files_first_task_into_runs_check_by_default() -> None:
-    args = build_parser().parse_args(["check", "t.jsonl", "--engine-url", "u", "--checkpoint", "c"])
+    words = ["check", "t.jsonl", "--engine-url", "http://e:1", "--checkpoint", "c"]
+    args = build_parser().parse_args(words)
     assert (args.out, args.task, args.sandbox) == (Path("runs/check"), None, "local")
     assert args.settings is None  # rollout's settings flags, unset
 

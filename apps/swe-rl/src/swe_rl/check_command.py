@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from swe_rl.engine_url import engine_url
 from swe_rl.rollout_flags import add_settings_arguments
 
 HELP = "preflight: one episode of one task against the real stack, step by step"
@@ -24,6 +25,7 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-url",
         required=True,
+        type=engine_url,
         metavar="URL",
         help="SGLang server (or router), e.g. http://10.0.0.5:30000",
     )

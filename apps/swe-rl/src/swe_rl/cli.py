@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
+from rich.markup import escape
 
 from swe_rl import __version__, check_command
+from swe_rl.engine_url import engine_url
 from swe_rl.errors import UsageError
 from swe_rl.rollout_flags import add_settings_arguments
 
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument(
         "--engine-url",
         required=True,
+        type=engine_url,
         metavar="URL",
         help="SGLang server (or router), e.g. http://10.0.0.5:30000",
     )
@@ -369,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(words)
         return _HANDLERS[args.command](args)
     except UsageError as error:
-        console.print(f"[bold red]{PROG}:[/] {error}", highlight=False)
+        console.print(f"[bold red]{PROG}:[/] {escape(str(error))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print(f"[bold red]{PROG}:[/] interrupted")
@@ -525,12 +528,12 @@ def _train(args: argparse.Namespace) -> int:
 
     try:
         runner = SlimeRunner.from_toml(args.config)
+        if args.dry_run:
+            runner.dry_run()
+            return 0
+        return runner.submit()  # without Ray: a ConfigError before anything is written
     except (OSError, ConfigError) as error:
         raise UsageError(str(error)) from None
-    if args.dry_run:
-        runner.dry_run()
-        return 0
-    return runner.submit()
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -46,8 +46,7 @@ async def run_rollout(args: argparse.Namespace) -> int:
     checkpoint = checkpoint_arg(args.checkpoint)
     chosen = settings_from_args(args, args.checkpoint, checkpoint.template.source)
     template_verdict(checkpoint, chosen.settings.template_mode)
-    out: Path = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out: Path = args.out.resolve()  # made by the run, once every check has passed
     isolation = sandbox_isolation(args)
     chosen = chosen.with_engine_context(await engine_context(args.engine_url))
     console.print(chosen.table())
