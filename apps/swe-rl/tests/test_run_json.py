@@ -10,7 +10,7 @@ from slime_backend import NAMESPACE
 from slime_backend.testing import StandInSample
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.grading import GradeResult, Verdict
-from swe_rl.run import PlannedEpisode, Run, plan
+from swe_rl.run import NOT_RUN, PlannedEpisode, Run, plan
 from swe_rl.task_file import parse_task_lines
 
 GRADING = GradeResult(
@@ -86,3 +86,28 @@ async def test_a_run_counts_its_aborts_by_cause_and_the_alarm_names_the_environm
     )
     assert "manifest unknown" in alarms["environment_aborts"]
     assert "environment_aborts" in result.gates.describe()
+
+
+async def test_a_sample_source_that_raises_stops_the_run_and_says_why(tmp_path: Path) -> None:
+    """The generate function refusing the run's configuration on its first call (or any bug
+    of the source) is no interrupt: the run stops, run.json and the result name the failure,
+    and the episodes it kept from running are marked as such, counted by no gate."""
+    rows = parse_task_lines([json.dumps(r) for r in create_demo_tasks(tmp_path / "repos")]).rows
+
+    async def source(episode: PlannedEpisode) -> list[Any]:
+        raise ValueError("--partial-rollout is not supported with fan-out")
+
+    out = tmp_path / "run"
+    run = Run(out=out, source=source, concurrency=1, title="t", policy="p", agent="a")
+    result = await run.execute(plan(rows[:1], 3))
+    failure = "failed: ValueError: --partial-rollout is not supported with fan-out"
+    assert result.failure == failure
+    assert not result.interrupted
+    reasons = [record.reason for record in result.records]
+    assert reasons == [failure, NOT_RUN, NOT_RUN]
+    assert all(record.status == "aborted" for record in result.records)
+    document = json.loads((out / "run.json").read_text())
+    assert document["failure"] == failure
+    assert document["interrupted"] is False
+    counted = {r.name: r.episodes for r in result.gates.results}
+    assert counted["aborts"] == 1  # the failed one; the never-run ones say nothing

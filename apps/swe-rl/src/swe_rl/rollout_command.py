@@ -100,7 +100,11 @@ async def run_rollout(args: argparse.Namespace) -> int:
         console.print(f"[bold red]ALARM[/] {result.gates.describe()}", highlight=False)
     for problem in result.write_errors:
         console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
-    return 130 if result.interrupted else 1 if result.write_errors else 0
+    if result.failure is not None:
+        console.print(f"[bold red]the run stopped[/] {result.failure}", highlight=False)
+    if result.interrupted:
+        return 130
+    return 1 if result.write_errors or result.failure is not None else 0
 
 
 def checkpoint_arg(directory: Path) -> Checkpoint:

@@ -52,6 +52,10 @@ from swe_rl.environment import abort_cause
 from swe_rl.task_file import TaskRow
 
 INTERRUPTED = "interrupted"
+NOT_RUN = "not run: the run stopped at a failure of its sample source"
+FAILED = "failed"
+"""The first word of the reason of an episode whose sample source raised (a configuration
+the generate function refuses, a bug): the run stops there, and says so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +155,14 @@ class EpisodeRecord:
         return record
 
     @classmethod
-    def interrupted(cls, episode: PlannedEpisode) -> EpisodeRecord:
+    def interrupted(cls, episode: PlannedEpisode, reason: str = INTERRUPTED) -> EpisodeRecord:
         return cls(
             episode.episode_id,
             episode.row.task.instance_id,
             episode.group,
             episode.index,
             "aborted",
-            INTERRUPTED,
+            reason,
             0.0,
         )
 
@@ -191,6 +195,9 @@ class RunResult:
     run_json: Path
     write_errors: tuple[str, ...] = ()
     """Episodes whose samples could not be written (a full disk): named, never silent."""
+    failure: str | None = None
+    """Why the run stopped early, when its sample source raised (the generate function's
+    refusal of a configuration, a bug): the commands exit non-zero with it."""
 
 
 @dataclass(slots=True)
@@ -214,8 +221,11 @@ class Run:
         samples_path = self.out / "samples.jsonl"
         samples_path.write_text("")
         records: dict[int, EpisodeRecord] = {}
+        episodes_by = {episode.index: episode for episode in episodes}
         write_errors: list[str] = []
         finishing: set[asyncio.Task[None]] = set()
+        failures: dict[int, BaseException] = {}
+        failed = asyncio.Event()
         with _interruptible() as stop, _progress(self.console) as progress:
             bar = progress.add_task("episodes", total=len(episodes))
             if not progress.console.is_terminal:
@@ -242,9 +252,14 @@ class Run:
 
             async def one(episode: PlannedEpisode) -> None:
                 async with gate:
-                    if stop.is_set():
+                    if stop.is_set() or failed.is_set():
                         return
-                    samples = await self.source(episode)
+                    try:
+                        samples = await self.source(episode)
+                    except Exception as error:  # the source broke, not the episode: stop
+                        failures[episode.index] = error
+                        failed.set()
+                        return
                 # From here the episode is finished: its write is a task of its own, shielded,
                 # so an interrupt cancelling this one never cancels (or drops) the write.
                 task = asyncio.create_task(finish(episode, samples))
@@ -253,28 +268,47 @@ class Run:
 
             tasks = [asyncio.create_task(one(episode)) for episode in episodes]
             waiter = asyncio.ensure_future(stop.wait())
+            failure_waiter = asyncio.ensure_future(failed.wait())
             done_all = asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.wait((done_all, waiter), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                (done_all, waiter, failure_waiter), return_when=asyncio.FIRST_COMPLETED
+            )
             waiter.cancel()
+            failure_waiter.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.gather(*finishing)  # every write under way completes
             interrupted = stop.is_set()
+        failure = None
+        for index, error in failures.items():
+            why = f"{FAILED}: {type(error).__name__}: {error}"
+            records.setdefault(index, EpisodeRecord.interrupted(episodes_by[index], why))
+            failure = failure or why
+        left = INTERRUPTED if interrupted or failure is None else NOT_RUN
         for episode in episodes:
-            records.setdefault(episode.index, EpisodeRecord.interrupted(episode))
+            records.setdefault(episode.index, EpisodeRecord.interrupted(episode, left))
         ordered = [records[episode.index] for episode in episodes]
         _advantages(ordered)
         # An interrupted episode never ran to an outcome: the user stopped it, so it says
-        # nothing about the policy or the stack and counts towards no silent-failure gate.
+        # nothing about the policy or the stack and counts towards no silent-failure gate;
+        # nor does one that never ran because the run stopped at a failure.
         gates = evaluate_gates(
-            (r.health() for r in ordered if r.reason != INTERRUPTED), self.gate_config
+            (r.health() for r in ordered if r.reason not in (INTERRUPTED, NOT_RUN)),
+            self.gate_config,
         )
         run_json = self.out / "run.json"
         duration = time.monotonic() - started
-        _write_run(run_json, self, ordered, gates, interrupted, duration, write_errors)
+        _write_run(run_json, self, ordered, gates, interrupted, duration, write_errors, failure)
         return RunResult(
-            ordered, gates, interrupted, duration, samples_path, run_json, tuple(write_errors)
+            ordered,
+            gates,
+            interrupted,
+            duration,
+            samples_path,
+            run_json,
+            tuple(write_errors),
+            failure,
         )
 
 
@@ -308,6 +342,7 @@ def _write_run(
     interrupted: bool,
     duration: float,
     write_errors: list[str],
+    failure: str | None = None,
 ) -> None:
     alarms = [
         {
@@ -330,6 +365,7 @@ def _write_run(
         "policy": run.policy,
         "agent": run.agent,
         "interrupted": interrupted,
+        "failure": failure,
         "duration_s": round(duration, 3),
         "sample_write_errors": write_errors,
         "episodes": [

@@ -62,7 +62,9 @@ async def run_demo(args: argparse.Namespace) -> int:
     options = DemoOptions(args.out.resolve(), args.agent, args.episodes_per_task, args.concurrency)
     result, viewer = await demo(options, console)
     _report(console, result, viewer, options.out)
-    return 130 if result.interrupted else 1 if result.write_errors else 0
+    if result.interrupted:
+        return 130
+    return 1 if result.write_errors or result.failure is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +281,8 @@ def _report(console: Console, result: RunResult, viewer: Path, out: Path) -> Non
         )
     for problem in result.write_errors:
         console.print(f"[bold red]samples not written[/] {problem}", highlight=False)
+    if result.failure is not None:
+        console.print(f"[bold red]the run stopped[/] {result.failure}", highlight=False)
     console.print(f"samples:  {result.samples_path}")
     console.print(f"viewer:   {viewer}")
     console.print(f"episodes: {out / 'episodes'}   ({result.duration_s:.0f} s)")
