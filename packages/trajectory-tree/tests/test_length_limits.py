@@ -95,6 +95,22 @@ def test_truncate_keeps_accounting_across_branches() -> None:
     )
 
 
+def test_a_truncated_sample_names_only_the_turns_it_trains() -> None:
+    """Both branches are cut: the long one inside its own prompt (it trains the shared turn 0),
+    the short one inside its own output (it trains turn 2 only; turn 0, masked there, is
+    trained in the other sample)."""
+    s = Session()
+    s.turn(prompt(SYS, TASK), reply("plan"))
+    s.turn(prompt(SYS, TASK, reply("plan"), user("long " * 40)), reply("long branch"))
+    s.turn(prompt(SYS, TASK, reply("plan"), user("short")), reply("short branch"))
+    limit = LengthLimit(s.tree.turns[2].prompt_length + 3, LengthMode.TRUNCATE)
+    lin = check_session(s, limit=limit)
+    assert [(x.truncated, x.leaf_turn, x.trained_turns) for x in lin.samples] == [
+        (True, 1, (0,)),
+        (True, 2, (2,)),
+    ]
+
+
 @pytest.mark.parametrize("mode", list(LengthMode))
 @pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5, 0.7, 0.9])
 def test_accounting_adds_up_at_any_limit(mode: LengthMode, fraction: float) -> None:
