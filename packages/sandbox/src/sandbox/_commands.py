@@ -423,7 +423,11 @@ class CommandSandbox(ABC):
         """
         waiting = asyncio.ensure_future(launched.wait())
         try:
-            returncode = await asyncio.wait_for(asyncio.shield(waiting), timeout)
+            # asyncio.timeout, never wait_for: Python 3.11's wait_for returns the result of an
+            # awaitable that has just finished even when its caller was cancelled meanwhile, so
+            # an interrupted run's episode would carry on to its end.
+            async with asyncio.timeout(timeout):
+                returncode = await asyncio.shield(waiting)
             timed_out = False
         except TimeoutError:
             waiting.add_done_callback(_retrieve)

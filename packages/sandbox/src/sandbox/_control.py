@@ -50,7 +50,8 @@ class InitChannel:
     async def ready(self, timeout: float) -> None:
         """Wait for init's first message, which it sends once it serves requests."""
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation
+                await asyncio.shield(self._ready)
         except TimeoutError:
             raise SandboxBootError(f"sandbox init did not start within {timeout} s") from None
         except InitGoneError as error:

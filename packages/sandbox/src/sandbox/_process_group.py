@@ -61,7 +61,8 @@ async def wait_with_deadline(
     outlive the caller's interest in it (a detached process may).
     """
     try:
-        returncode = await asyncio.wait_for(proc.wait(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation
+            returncode = await proc.wait()
     except TimeoutError:
         kill_group(proc)
         returncode = await proc.wait()
