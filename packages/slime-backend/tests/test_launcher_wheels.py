@@ -78,11 +78,18 @@ def test_wheels_that_cannot_be_installed_are_refused_by_name(
 
 
 @pytest.mark.slow
-def test_ray_installs_the_wheels_the_launcher_names_on_the_node(tmp_path: Path) -> None:
+def test_ray_installs_the_wheels_the_launcher_names_on_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The standard-library-only trajectory-tree wheel, built by `uv build`, installed by a real
     Ray (one node on 127.0.0.1) from the launcher's runtime environment: the job's task imports
-    it from the environment Ray made, not from this one."""
+    it from the environment Ray made, not from this one. (A driver started under `uv run`, as
+    the tests are, has Ray replicate uv's environment instead and refuse a `pip` one; slime's
+    driver is `python3 train.py`, so that hook is switched off here, as it is off there.)"""
     ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
     uv = os.environ.get("UV") or shutil.which("uv")
     assert uv, "building the wheel needs uv (pip install uv)"
     wheels = tmp_path / "wheels"
