@@ -117,7 +117,7 @@ def test_the_run_renders_from_the_file_alone(page: Page, viewer: Path) -> None:
     assert cards == [
         ["ep-rich", "completed", []],
         ["ep-short", "truncated", []],
-        ["ep-aborted", "aborted", ["trains no token"]],
+        ["ep-aborted", "aborted", ["trains no token", "aborted (sandbox): no reward"]],
         ["ep-broken", "completed", ["error", "trains no token (no readable session tree)"]],
     ]
     alarm = page.evaluate("document.querySelector('.alarm').textContent")
