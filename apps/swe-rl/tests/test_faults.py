@@ -103,12 +103,13 @@ async def test_each_episode_fault_is_an_aborted_outcome_with_its_reason(setup: S
     hangs = {**setup.calc, "setup_commands": ["sleep 30"]}
     aborted(await setup.run(hangs), "setup: setup command timed out")
     # A wrong API key: the CLI never gets a model reply (it retries the 401 for minutes).
-    nobody = await setup.run(setup.calc, token="sess-not-a-session", wall_clock_s=6.0)
-    aborted(nobody, "the agent used its whole budget (6 s)")
+    # (Budgets leave a loaded machine room to start the CLI and see its first replies.)
+    nobody = await setup.run(setup.calc, token="sess-not-a-session", wall_clock_s=20.0)
+    aborted(nobody, "the agent used its whole budget (20 s)")
     assert "authentication_failed, HTTP 401" in nobody.reason
     # The engine answers once, then goes away: the agent cannot finish its work.
-    gone = await setup.run(setup.calc, wall_clock_s=8.0)
-    aborted(gone, "the agent used its whole budget (8 s)")
+    gone = await setup.run(setup.calc, wall_clock_s=24.0)
+    aborted(gone, "the agent used its whole budget (24 s)")
     assert "HTTP 529" in gone.reason or "HTTP 503" in gone.reason
 
 
