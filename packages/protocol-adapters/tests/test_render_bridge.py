@@ -629,6 +629,34 @@ def test_labels_cover_the_text_from_a_first_character_of_content_to_its_end() ->
     ]
 
 
+INDEXED = ChatTemplate(
+    "indexed",
+    "{%- for m in messages %}{{- '<' ~ loop.index0 ~ '>' + m.content + '\\n' }}{%- endfor %}",
+)
+
+
+def test_labels_find_content_where_the_learned_header_is_not_the_messages() -> None:
+    """A template that numbers messages: the header learned after a one-message probe is
+    ``<1>``, the third message's is ``<2>``; its content is still found where it is, and the
+    ``<2>`` before it is scaffold."""
+    messages = [Message.text("user", words) for words in ("x", "yz", "w")]
+    context = TemplateContext(INDEXED, Prompt(tuple(messages)))
+    assert context.header(Slot("user"), "user") == "<1>"
+    slots = [None, Slot("user"), Slot("user")]
+    scaffold, words = LossReason.TEMPLATE_SCAFFOLD, LossReason.CONTEXT
+    assert label_text(context, slots, messages, "<0>x\n<1>yz\n<2>w\n", {}) == [
+        (3, scaffold),
+        (4, words),
+        (5, scaffold),
+        (8, scaffold),
+        (10, words),
+        (11, scaffold),
+        (14, scaffold),
+        (15, words),
+        (16, scaffold),
+    ]
+
+
 def test_a_turn_is_checked_when_the_seeded_draw_falls_below_the_rate(qwen: Vocabulary) -> None:
     """A rate r checks a turn with probability r exactly: when the seeded draw, in [0, 1), is
     below it. A rate equal to the draw does not check that turn; the next rate up does."""
