@@ -106,12 +106,11 @@ def _label_text(
         if header is not None and text.startswith(header, start):
             content_from = start + len(header)
         content = message.plain_text if message.role != "assistant" else ""
-        at = text.find(content, content_from, end)
+        # Searched for past the header and within the region (empty content is found there)
+        at = text.find(content, min(content_from, end), end)
         if message.role == "assistant" or (content and at < 0):
             spans.append((end, reason))
         else:
-            if not content:
-                at = min(content_from, end)
             spans.append((at, _scaffold_or(head_reason, at - start)))
             spans.append((at + len(content), reason))
             spans.append((end, _scaffold_or(reason, end - at - len(content))))
