@@ -256,11 +256,6 @@ EQUIVALENT: dict[str, str] = {
         "a bound past the text's end only widens the binary search: a prefix longer than the"
         " text left never matches, so the same longest prefix is found"
     ),
-    "_rendering/segments.py::_label_text::at = min(content_from, end) => pass": (
-        "for empty content the search just above already returns content_from, which lies"
-        " within the region (the header found at the region's start belongs to it), so the"
-        " clamp changes nothing"
-    ),
     "_rendering/segments.py::message_regions::if len(messages) == 1: => if len(messages) == 0:": (
         "one message's region is the whole text either way (the loop renders it once more, alone"
         " and without the generation prompt it was just rendered with, for an end it then"
