@@ -456,14 +456,14 @@ async def test_a_host_socket_in_a_read_only_bind_is_refused(
 ) -> None:
     # A read-only mount does not stop connect(), and path sockets cross network namespaces:
     # bound, this service would answer commands inside (it did, banner and all).
-    shared = tmp_path / "shared"
-    (shared / "sub").mkdir(parents=True)
-    (shared / "sub" / "data.txt").write_text("data\n")
-    service = shared / "sub" / "service.sock"
+    exported = tmp_path / "exported"
+    (exported / "sub").mkdir(parents=True)
+    (exported / "sub" / "data.txt").write_text("data\n")
+    service = exported / "sub" / "service.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(service))
     listener.listen()
-    spec = SandboxSpec(read_only_binds=(ReadOnlyBind(shared, PurePosixPath("/opt/shared")),))
+    spec = SandboxSpec(read_only_binds=(ReadOnlyBind(exported, PurePosixPath("/opt/exported")),))
     try:
         with pytest.raises(UnsupportedSpecError, match=r"service\.sock"):
             await backend.create(spec)
@@ -471,7 +471,7 @@ async def test_a_host_socket_in_a_read_only_bind_is_refused(
         listener.close()
     service.unlink()
     async with await backend.create(spec) as box:
-        assert (await box.exec("cat /opt/shared/sub/data.txt")).stdout == "data\n"
+        assert (await box.exec("cat /opt/exported/sub/data.txt")).stdout == "data\n"
 
 
 async def test_the_host_environment_does_not_leak(
