@@ -5,13 +5,10 @@ audit rejects, a CLI that cannot reach the adapter, a task whose reference does 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,8 @@ from swe_rl.engine_recorder import EngineReply
 from swe_rl.rollout import ConfiguredEpisode
 from trajectory_tree import SessionTree
 
-APP = Path(__file__).resolve().parents[1]
+from .app_process import swe_rl
+
 STEPS = ["engine", "chat template", "sandbox", "grading", "agent", "token trust", "samples"]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -86,20 +84,6 @@ def check_words(tasks: Path, engine_url: str, checkpoint: Path, out: Path) -> li
         "--out",
         str(out),
     ]
-
-
-async def swe_rl(*args: str) -> tuple[int, str]:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(APP),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    output, _ = await asyncio.wait_for(child.communicate(), 600)
-    assert child.returncode is not None
-    return child.returncode, output.decode()
 
 
 def report(out: Path) -> dict[str, Any]:

@@ -8,10 +8,7 @@ validated, the checkpoint's tokenizer, the episode built from the run's settings
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,21 +25,7 @@ from swe_rl.errors import UsageError
 from swe_rl.rollout import sandbox_backend
 from swe_rl.rollout_command import sandbox_options
 
-APP = Path(__file__).resolve().parents[1]
-
-
-async def swe_rl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(APP),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
-    output, _ = await asyncio.wait_for(child.communicate(), 300)
-    assert child.returncode is not None
-    return child.returncode, output.decode()
+from .app_process import swe_rl
 
 
 @pytest.mark.slow

@@ -5,10 +5,7 @@ answer, and no output directory left behind by a rollout that never started."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,21 +18,7 @@ from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.engine_url import engine_url
 
-APP = Path(__file__).resolve().parents[1]
-
-
-async def swe_rl(*args: str) -> tuple[int, str]:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(APP),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    output, _ = await asyncio.wait_for(child.communicate(), 300)
-    assert child.returncode is not None
-    return child.returncode, output.decode()
+from .app_process import swe_rl
 
 
 @pytest.mark.parametrize(
