@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from swe_rl.engine_url import engine_url
+from swe_rl.engine_url import add_engine_arguments
 from swe_rl.rollout_flags import add_settings_arguments
 
 HELP = "preflight: one episode of one task against the real stack, step by step"
@@ -22,20 +22,7 @@ DESCRIPTION = (
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tasks", type=Path, help="task file (JSONL rows {prompt, metadata})")
-    parser.add_argument(
-        "--engine-url",
-        required=True,
-        type=engine_url,
-        metavar="URL",
-        help="SGLang server (or router), e.g. http://10.0.0.5:30000",
-    )
-    parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="the Hugging Face checkpoint directory the engine serves",
-    )
+    add_engine_arguments(parser)
     parser.add_argument(
         "--task", metavar="INSTANCE_ID", help="the task to run (default: the file's first)"
     )

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from swe_rl import __version__, check_command
-from swe_rl.engine_url import engine_url
+from swe_rl.engine_url import add_engine_arguments
 from swe_rl.errors import UsageError
 from swe_rl.rollout_flags import add_settings_arguments
 
@@ -81,21 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "outside a sandbox unless told to.",
     )
     rollout.add_argument("tasks", type=Path, help="task file (JSONL rows {prompt, metadata})")
-    rollout.add_argument(
-        "--engine-url",
-        required=True,
-        type=engine_url,
-        metavar="URL",
-        help="SGLang server (or router), e.g. http://10.0.0.5:30000",
-    )
-    rollout.add_argument(
-        "--checkpoint",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="the Hugging Face checkpoint directory the engine serves "
-        "(tokenizer and chat template)",
-    )
+    add_engine_arguments(rollout)
     _agent_options(rollout)
     rollout.add_argument("-k", "--episodes-per-task", type=_positive_int, default=8, metavar="K")
     rollout.add_argument("--concurrency", type=_positive_int, default=8, metavar="N")

@@ -8,6 +8,7 @@ address bar leaves it, is dropped rather than carried into every request path.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -35,3 +36,23 @@ def engine_url(text: str) -> str:
         )
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"http://{host}:{port}"
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--engine-url` and `--checkpoint`, the engine and what it serves, as every command that
+    talks to a real engine takes them (`rollout`, `check`)."""
+    parser.add_argument(
+        "--engine-url",
+        required=True,
+        type=engine_url,
+        metavar="URL",
+        help="SGLang server (or router), e.g. http://10.0.0.5:30000",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the Hugging Face checkpoint directory the engine serves "
+        "(tokenizer and chat template)",
+    )
