@@ -21,14 +21,10 @@ import subprocess
 from pathlib import Path
 
 from sandbox._errors import SandboxError
+from sandbox._workspace import _GIT_ENV
 
-_ENV = {
-    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_TERMINAL_PROMPT": "0",
+_AUTHOR = {
     "HOME": os.devnull,
-    "LC_ALL": "C",
     "GIT_AUTHOR_NAME": "image",
     "GIT_AUTHOR_EMAIL": "image@snapshot.invalid",
     "GIT_AUTHOR_DATE": "1970-01-01T00:00:00+00:00",
@@ -48,12 +44,13 @@ def snapshot_directory(directory: Path, repository: Path) -> str:
     """Commit `directory`'s content to a new bare repository at `repository`; the commit id.
     Blocking: run it in a thread."""
     index = repository / "snapshot.index"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV, **_AUTHOR}
 
     def git(*args: str) -> str:
         done = subprocess.run(
             ["git", *_SAFE, f"--git-dir={repository}", f"--work-tree={directory}", *args],
             cwd=directory,
-            env={**_ENV, "GIT_INDEX_FILE": str(index)},
+            env={**env, "GIT_INDEX_FILE": str(index)},
             capture_output=True,
             text=True,
             check=False,
@@ -67,7 +64,7 @@ def snapshot_directory(directory: Path, repository: Path) -> str:
 
     done = subprocess.run(
         ["git", "init", "--quiet", "--bare", "--initial-branch=base", str(repository)],
-        env=_ENV,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
