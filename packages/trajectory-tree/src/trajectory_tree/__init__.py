@@ -33,10 +33,12 @@ from ._messages import Block, Media, Message, Prompt, Reasoning, Role, Text, Too
 from ._reasons import FinishReason, LossReason
 from ._render import render_tree
 from ._rewards import RewardPolicy, assign_reward
+from ._routing import RoutedExperts, SampleRouting
+from ._routing_sidecar import dump_routing
 from ._serialize import dumps, loads, message_to_dict, tree_from_dict, tree_to_dict
 from ._summary import SessionSummary, summarize
 from ._tree import Node, Route, SessionTree
-from ._turns import Completion, Turn, TurnMeta
+from ._turns import Completion, Turn, TurnMeta, VersionRun
 
 __all__ = [
     "Block",
@@ -60,7 +62,9 @@ __all__ = [
     "RewardPolicy",
     "Role",
     "Route",
+    "RoutedExperts",
     "Sample",
+    "SampleRouting",
     "Segment",
     "SessionSummary",
     "SessionTree",
@@ -71,8 +75,10 @@ __all__ = [
     "TrajectoryError",
     "Turn",
     "TurnMeta",
+    "VersionRun",
     "assign_reward",
     "canonical_json",
+    "dump_routing",
     "dumps",
     "linearize",
     "loads",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ._reasons import FinishReason, LossReason
+from ._routing import SampleRouting, assemble
 from ._tree import Node, SessionTree
 from ._turns import HISTORY_DROPPED
 
@@ -80,6 +81,8 @@ class Sample:
     truncated: bool = False
     reward: float | None = None
     rollout_id: str | None = None
+    routing: SampleRouting | None = None
+    """The experts each token but the last was routed to, when the engine captured routing."""
 
     @property
     def response_length(self) -> int:
@@ -257,6 +260,7 @@ def _build(
                 spans.append(Span(start, end, reason, node.id))
             start = end
     prompt_length = next(s.start for s in spans if s.trained)
+    routing = assemble([n.turn.routed_experts for n in path if n.turn is not None], len(tokens))
     return Sample(
         index=index,
         tokens=tokens,
@@ -266,6 +270,7 @@ def _build(
         spans=tuple(spans),
         leaf_turn=leaf_turn,
         trained_turns=tuple(trained_turns),
+        routing=routing,
     )
 
 
@@ -297,6 +302,7 @@ def _apply_limit(sample: Sample, limit: LengthLimit) -> tuple[Sample | None, lis
             dict.fromkeys(s.turn for s in spans if s.trained and s.turn is not None)
         ),
         truncated=True,
+        routing=None if sample.routing is None else sample.routing.truncated(cut),
     )
     return kept, lost
 

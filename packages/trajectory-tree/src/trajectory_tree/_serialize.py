@@ -1,7 +1,8 @@
 """A whole tree as JSON and back, losslessly: tokens, logprobs, messages, turns, routing order.
 
 The format is a flat list of nodes in creation order (parents before children), so reading it
-back needs no recursion and reproduces node and turn ids exactly.
+back needs no recursion and reproduces node and turn ids exactly. MoE routing, when turns hold
+it, lives in a binary sidecar (:mod:`._routing_sidecar`) the JSON points into.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from array import array
 from collections.abc import Mapping
 from typing import Any, cast
 
-from ._errors import FormatError
+from ._errors import FormatError, InvalidTurn
 from ._messages import Block, Media, Message, Prompt, Reasoning, Role, Text, ToolCall, ToolSpec
 from ._reasons import FinishReason, LossReason
+from ._routing_sidecar import routing_entry, routing_from_entry, routing_offsets
 from ._tree import Node, SessionTree
-from ._turns import LOGPROB_ROUNDING, Turn, TurnMeta
+from ._turns import LOGPROB_ROUNDING, Turn, TurnMeta, check_version_runs
 
 FORMAT = "trajectory-tree/1"
 
@@ -78,9 +80,9 @@ def message_from_dict(data: Mapping[str, Any]) -> Message:
     )
 
 
-def _turn_to_dict(turn: Turn) -> dict[str, Any]:
+def _turn_to_dict(turn: Turn, routing_offset: int | None) -> dict[str, Any]:
     meta = turn.meta
-    return {
+    entry: dict[str, Any] = {
         "id": turn.id,
         "prompt_length": turn.prompt_length,
         "output_length": turn.output_length,
@@ -99,10 +101,16 @@ def _turn_to_dict(turn: Turn) -> dict[str, Any]:
             "extra": dict(meta.extra),
         },
     }
+    if turn.version_runs:
+        entry["version_runs"] = [[start, version] for start, version in turn.version_runs]
+    if turn.routed_experts is not None and routing_offset is not None:
+        entry["routing"] = routing_entry(turn.routed_experts, routing_offset)
+    return entry
 
 
 def tree_to_dict(tree: SessionTree) -> dict[str, Any]:
-    """A JSON-ready dict of the whole tree."""
+    """A JSON-ready dict of the whole tree (routing as pointers into :func:`dump_routing`)."""
+    offsets = routing_offsets(tree)
     nodes: list[dict[str, Any]] = []
     for node in tree.nodes:
         entry: dict[str, Any] = {
@@ -121,24 +129,30 @@ def tree_to_dict(tree: SessionTree) -> dict[str, Any]:
             ]
             entry["options"] = dict(node.context.options)
         if node.turn is not None:
-            entry["turn"] = _turn_to_dict(node.turn)
+            entry["turn"] = _turn_to_dict(node.turn, offsets.get(node.turn.id))
         nodes.append(entry)
     return {"format": FORMAT, "session_id": tree.session_id, "nodes": nodes}
 
 
-def tree_from_dict(data: Mapping[str, Any]) -> SessionTree:
-    """Rebuild a tree written by :func:`tree_to_dict`; raises :class:`FormatError` if malformed."""
+def tree_from_dict(data: Mapping[str, Any], routing: bytes | None = None) -> SessionTree:
+    """Rebuild a tree written by :func:`tree_to_dict`; raises :class:`FormatError` if malformed.
+
+    ``routing`` is the sidecar :func:`dump_routing` wrote with it; without one, turns that had
+    routing come back without it (and samples name their positions as gaps).
+    """
     if data.get("format") != FORMAT:
         raise FormatError(f"not a {FORMAT} document (format={data.get('format')!r})")
     try:
-        return _rebuild(data)
+        return _rebuild(data, routing)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
         if isinstance(exc, FormatError):
             raise
+        if isinstance(exc, InvalidTurn):
+            raise FormatError(f"malformed tree document: {exc}") from exc
         raise FormatError(f"malformed tree document: {exc!r}") from exc
 
 
-def _rebuild(data: Mapping[str, Any]) -> SessionTree:
+def _rebuild(data: Mapping[str, Any], routing: bytes | None) -> SessionTree:
     tree = SessionTree(str(data.get("session_id", "")))
     nodes: list[Node] = []
     turns: list[Turn] = []
@@ -172,7 +186,7 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
         if "turn" in entry:
             if message is None or delta is None:
                 raise FormatError(f"node {index}: a turn needs a reply message and tokens")
-            node.turn = _turn_from_dict(entry["turn"], index, message)
+            node.turn = _turn_from_dict(entry["turn"], index, message, routing)
             if len(node.turn.output_logprobs) != node.turn.output_length or (
                 node.turn.output_length > len(delta)
             ):
@@ -182,6 +196,9 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
             turn = node.turn
             if turn.prompt_length + turn.output_length != path_lengths[index]:
                 raise FormatError(f"node {index}: prompt and output lengths disagree with the path")
+            check_version_runs(turn.version_runs, turn.output_length, turn.weight_version)
+            if turn.routed_experts is not None:
+                turn.routed_experts.check_fits(turn.prompt_length, turn.output_length)
             if generated != [turn.output_length] or spans[-1][0] is not LossReason.GENERATED:
                 raise FormatError(f"node {index}: the output must be the one generated span")
             if any(math.isnan(lp) or lp > LOGPROB_ROUNDING for lp in turn.output_logprobs):
@@ -196,8 +213,14 @@ def _rebuild(data: Mapping[str, Any]) -> SessionTree:
     return tree
 
 
-def _turn_from_dict(data: Mapping[str, Any], node: int, reply: Message) -> Turn:
+def _turn_from_dict(
+    data: Mapping[str, Any], node: int, reply: Message, routing: bytes | None
+) -> Turn:
     meta = data.get("meta", {})
+    entry = data.get("routing")
+    routed = None
+    if entry is not None and routing is not None:
+        routed = routing_from_entry(entry, routing, f"node {node}")
     return Turn(
         id=int(data["id"]),
         node=node,
@@ -218,6 +241,8 @@ def _turn_from_dict(data: Mapping[str, Any], node: int, reply: Message) -> Turn:
             extra=dict(meta.get("extra", {})),
         ),
         rerendered=data.get("rerendered"),
+        version_runs=tuple((int(start), str(v)) for start, v in data.get("version_runs", ())),
+        routed_experts=routed,
     )
 
 
@@ -244,11 +269,12 @@ def _utf8_encodable(text: str) -> bool:
     return True
 
 
-def loads(text: str) -> SessionTree:
+def loads(text: str, routing: bytes | None = None) -> SessionTree:
+    """Read :func:`dumps`'s text back (and the routing sidecar, see :func:`tree_from_dict`)."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise FormatError(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise FormatError("a tree document is a JSON object")
-    return tree_from_dict(data)
+    return tree_from_dict(data, routing)

@@ -203,6 +203,22 @@ class SessionTree:
                 ids.extend(step.delta)
         return ids
 
+    def routed_prefix(self, node: Node) -> int:
+        """How many leading positions of ``node``'s path the calls on it returned routing for,
+        without a gap: where the next call on this branch asks the engine to start returning
+        routing (SGLang's ``routed_experts_start_len``), so no position is computed twice."""
+        covered = sorted(
+            (turn.routed_experts.start, turn.routed_experts.end)
+            for step in node.path()
+            if (turn := step.turn) is not None and turn.routed_experts is not None
+        )
+        reached = 0
+        for start, end in covered:
+            if start > reached:
+                break
+            reached = max(reached, end)
+        return reached
+
     def prompt_ids(self, turn: Turn) -> array[int]:
         """Exactly the ids sent to the engine for ``turn``."""
         node = self._nodes[turn.node]
@@ -317,6 +333,8 @@ class SessionTree:
             else:
                 parent, gen_prompt, rerendered = self._attach_full(route, prompt)
                 prompt_length = len(prompt.ids)
+            if completion.routed_experts is not None:
+                completion.routed_experts.check_fits(prompt_length, len(output))
         except InvalidTurn:
             if new_root:  # validation precedes every other mutation: only the root to undo
                 self._nodes.pop()
@@ -341,6 +359,8 @@ class SessionTree:
             weight_version=completion.weight_version,
             meta=meta,
             rerendered=rerendered,
+            version_runs=tuple(completion.version_runs),
+            routed_experts=completion.routed_experts,
         )
         node.turn = turn
         self._turns.append(turn)
