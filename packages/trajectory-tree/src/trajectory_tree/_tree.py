@@ -203,6 +203,18 @@ class SessionTree:
                 ids.extend(step.delta)
         return ids
 
+    def routing_start(self, route: Route, prompt: BridgedPrompt | FullPrompt) -> int:
+        """Where the engine call for ``prompt`` should start returning routing: the end of the
+        rows its branch already holds, or 0 for a full prompt that does not extend the routed
+        path (it is recorded on a branch of its own, from the root)."""
+        if isinstance(prompt, BridgedPrompt):
+            return min(self.routed_prefix(route.anchor), route.prefix_length + prompt.new_length)
+        ids = _as_ids(prompt.ids, "prompt ids")
+        history = ids[: len(ids) - prompt.generation_prompt_length]
+        if _extends(route, history) is None:
+            return 0
+        return min(self.routed_prefix(route.anchor), len(ids))
+
     def routed_prefix(self, node: Node) -> int:
         """How many leading positions of ``node``'s path the calls on it returned routing for,
         without a gap: where the next call on this branch asks the engine to start returning
@@ -325,16 +337,19 @@ class SessionTree:
         meta = meta or TurnMeta()
         output = _as_ids(completion.output_ids, "output ids")
 
+        if isinstance(prompt, BridgedPrompt):
+            prompt_length = route.prefix_length + prompt.new_length
+        else:
+            prompt_length = len(prompt.ids)
+        if completion.routed_experts is not None:
+            completion.routed_experts.check_fits(prompt_length, len(output))
+
         route, new_root = self._register_context(route)
         try:
             if isinstance(prompt, BridgedPrompt):
                 parent, gen_prompt, rerendered = self._attach_bridged(route, prompt)
-                prompt_length = route.prefix_length + prompt.new_length
             else:
                 parent, gen_prompt, rerendered = self._attach_full(route, prompt)
-                prompt_length = len(prompt.ids)
-            if completion.routed_experts is not None:
-                completion.routed_experts.check_fits(prompt_length, len(output))
         except InvalidTurn:
             if new_root:  # validation precedes every other mutation: only the root to undo
                 self._nodes.pop()
@@ -391,16 +406,15 @@ class SessionTree:
         messages = route.prompt.messages
         if not messages:
             raise InvalidTurn("a prompt needs at least one message")
-        prefix = route.prefix_ids()
-        if len(prefix) <= split and history[: len(prefix)] == prefix and route.new_messages:
-            rest = history[len(prefix) :]
+        rest = _extends(route, history)
+        if rest is not None and route.new_messages:
             spans = ((LossReason.CONTEXT, len(rest)),) if rest else ()
             return (
                 self._attach_chunk(route.anchor, route.new_messages, rest, spans),
                 gen_prompt,
                 None,
             )
-        if not route.new_messages and history == prefix:
+        if rest is not None:
             return route.anchor, gen_prompt, None
         root = route.anchor.path()[0]
         spans = ((LossReason.RERENDERED_HISTORY, len(history)),) if history else ()
@@ -497,3 +511,14 @@ def _as_ids(values: Sequence[int], what: str) -> array[int]:
 if array("i").itemsize != 4:  # pragma: no cover - every supported platform has a 32-bit int
     raise ImportError("trajectory-tree stores token ids as 32-bit C ints; this platform has none")
 _SIGN_BYTE = 3 if sys.byteorder == "little" else 0
+
+
+def _extends(route: Route, history: array[int]) -> array[int] | None:
+    """What a full prompt's ``history`` adds to the route's path, or ``None`` when it does not
+    extend the path (with no new messages it must equal the path exactly)."""
+    prefix = route.prefix_ids()
+    if route.new_messages:
+        if len(prefix) <= len(history) and history[: len(prefix)] == prefix:
+            return history[len(prefix) :]
+        return None
+    return array("i") if history == prefix else None
