@@ -12,7 +12,8 @@ Faults become an ``ABORTED`` outcome that says why:
   ended without the model, so its reward grades the outage.
 
 The report travels from a Ray worker as plain data (:meth:`EpisodeReport.to_wire`): the tree as
-trajectory-tree's JSON, the outcome and the facts as dicts.
+trajectory-tree's JSON with its MoE routing as the binary sidecar beside it (bytes, which Ray
+pickles as they are), the outcome and the facts as dicts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol_adapters import RolloutSampling
-from trajectory_tree import SessionTree, dumps, loads
+from trajectory_tree import SessionTree, dump_routing, dumps, loads
 
 from ._episode import AdapterSession, Budgets, Episode, EpisodeOutcome, EpisodeStatus, JsonValue
 from ._runtime import AdapterRuntime, EngineUnavailable
@@ -55,6 +56,7 @@ class EpisodeReport:
         outcome = self.outcome
         return {
             "tree": dumps(self.tree),
+            "routing": dump_routing(self.tree),
             "outcome": {
                 "reward": outcome.reward,
                 "status": outcome.status.value,
@@ -68,7 +70,7 @@ class EpisodeReport:
     def from_wire(cls, data: Mapping[str, Any]) -> EpisodeReport:
         outcome = data["outcome"]
         return cls(
-            loads(data["tree"]),
+            loads(data["tree"], routing=data.get("routing")),
             EpisodeOutcome(
                 outcome["reward"],
                 EpisodeStatus(outcome["status"]),
