@@ -77,7 +77,7 @@ from swe_rl.grading import (
 )
 from swe_rl.sources import RepoSources, SourceError
 from swe_rl.task import SweTask, TaskError, parse_task
-from trajectory_tree import SessionTree, dumps
+from trajectory_tree import SessionTree, dump_routing, dumps
 
 logger = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class SweEpisode:
         """slime-backend's hook after the session closed: keep the tree with the artifacts."""
         directory = outcome.artifacts.get("dir")
         if isinstance(directory, str):
-            _write(Path(directory) / "tree.json", dumps(tree))
+            save_tree(Path(directory), tree)
 
     def _directory(self, task: Mapping[str, Any], session: AdapterSession) -> Path:
         instance = str(task.get("instance_id", "unknown")) if isinstance(task, Mapping) else "bad"
@@ -411,6 +411,15 @@ def _killed_by_signal(exit_code: int) -> bool:
 def _text(path: str) -> str:
     """A path for JSON: names that are not UTF-8 shown with `\\xNN` escapes."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def save_tree(directory: Path, tree: SessionTree) -> None:
+    """``tree.json``, and the MoE routing when the engine captured it as the binary sidecar
+    ``tree.routing`` the JSON points into (``trajectory_tree.loads(text, routing=...)``)."""
+    _write(directory / "tree.json", dumps(tree))
+    routing = dump_routing(tree)
+    if routing:
+        (directory / "tree.routing").write_bytes(routing)
 
 
 def _write(path: Path, text: str) -> None:

@@ -5,7 +5,7 @@ The demo and `swe-rl rollout` share this: they differ only in where samples come
 run writes, as episodes finish:
 
     <run>/samples.jsonl          every slime sample, one JSON object per line
-    <run>/episodes/<id>/         the episode's artifacts (tree.json, diff, grading log, ...)
+    <run>/episodes/<id>/         the episode's artifacts (tree.json, its routing, diff, logs, ...)
     <run>/run.json               the episodes with rewards, GRPO advantages and gate alarms
 
 An episode counts as finished only once its samples are on disk: they are appended, flushed
