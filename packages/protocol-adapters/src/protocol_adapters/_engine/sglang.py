@@ -31,6 +31,7 @@ from typing import Self, TypeVar
 
 import aiohttp
 
+from protocol_adapters._server.body import STEP_CHARS, loads_in_steps
 from protocol_adapters._types import AdapterError, ErrorKind
 
 from .config import SGLangConfig
@@ -137,13 +138,9 @@ class SGLangEngine:
             call.over = True
             if response.status != 200:
                 raise error_for_status(response.status, _text(body), request.rid)
-            try:
-                payload = json.loads(body)
-            except ValueError as exc:
-                raise malformed(
-                    request.rid, f"body is not JSON ({exc}): {_text(body)[:200]!r}"
-                ) from None
-            return parse_result(payload, request)
+            if len(body) > _OFF_LOOP_CHARS:
+                return await asyncio.to_thread(_answer, body, request)
+            return _answer(body, request)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         session = self._client()
@@ -176,7 +173,10 @@ class SGLangEngine:
                         if event.strip() == "[DONE]":
                             done = True
                             break
-                        chunk = decoder.feed(_json_event(event, request.rid))
+                        if len(event) > _OFF_LOOP_CHARS:
+                            chunk = await asyncio.to_thread(_chunk, decoder, event, request.rid)
+                        else:
+                            chunk = _chunk(decoder, event, request.rid)
                         call.over = decoder.finished
                         yield chunk
                     if not data:
@@ -440,8 +440,22 @@ def _text(body: bytes) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def _json_event(event: str, rid: str) -> object:
+_OFF_LOOP_CHARS = STEP_CHARS
+"""An answer or stream event longer than this is parsed on a worker thread, its long strings a
+slice at a time: MoE routing makes answers of hundreds of MB (``routed_experts.py``)."""
+
+
+def _answer(body: bytes, request: GenerateRequest) -> GenerateResult:
     try:
-        return json.loads(event)
+        payload = loads_in_steps(body.decode()) if len(body) > STEP_CHARS else json.loads(body)
+    except ValueError as exc:
+        raise malformed(request.rid, f"body is not JSON ({exc}): {_text(body)[:200]!r}") from None
+    return parse_result(payload, request)
+
+
+def _chunk(decoder: StreamDecoder, event: str, rid: str) -> GenerateChunk:
+    try:
+        payload = loads_in_steps(event) if len(event) > STEP_CHARS else json.loads(event)
     except ValueError as exc:
         raise malformed(rid, f"stream event is not JSON ({exc}): {event[:200]!r}") from None
+    return decoder.feed(payload)

@@ -11,7 +11,7 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
-from trajectory_tree import Completion, FinishReason
+from trajectory_tree import Completion, FinishReason, RoutedExperts, VersionRun
 
 TopLogprobs = tuple[tuple[int, float], ...]
 """The most likely tokens at one output position, as ``(token_id, logprob)``, most likely first."""
@@ -78,12 +78,36 @@ def _check_token_ids(ids: tuple[int, ...]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingAsk:
+    """Ask the engine for the experts a MoE model routed each position to, from ``start`` on.
+
+    The engine does not say how many layers and experts per token it returns, so the caller
+    states them: every answer is checked against ``layers x topk`` ids per position.
+    """
+
+    start: int
+    layers: int
+    topk: int
+
+    def __post_init__(self) -> None:
+        for name in ("start", "layers", "topk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        if self.start < 0:
+            raise ValueError(f"routing start must be >= 0, got {self.start}")
+        if self.layers < 1 or self.topk < 1:
+            raise ValueError(f"layers and topk must be >= 1, got {self.layers}x{self.topk}")
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """One generation from prompt token ids.
 
     ``routing_key`` keeps a session on one engine replica (prefix-cache reuse); ``rid`` identifies
     this call to the engine and is what an abort names. ``top_logprobs`` asks the engine for that
-    many most likely tokens at every output position (0: none).
+    many most likely tokens at every output position (0: none). ``routed_experts`` asks for the
+    MoE routing of positions ``start ..`` (``None``: routing is not captured).
     """
 
     input_ids: tuple[int, ...]
@@ -91,6 +115,7 @@ class GenerateRequest:
     routing_key: str | None = None
     rid: str = field(default_factory=new_rid)
     top_logprobs: int = 0
+    routed_experts: RoutingAsk | None = None
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -100,6 +125,14 @@ class GenerateRequest:
             raise ValueError("rid must not be empty")
         if isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
             raise ValueError(f"top_logprobs must be a count >= 0, got {self.top_logprobs!r}")
+        ask = self.routed_experts
+        if ask is not None and ask.start > len(self.input_ids):
+            raise ValueError(f"routing start {ask.start} is past the {len(self.input_ids)} ids")
+
+    @property
+    def routed_experts_start(self) -> int | None:
+        """Where the engine starts returning routing, or ``None`` when it is not asked for."""
+        return None if self.routed_experts is None else self.routed_experts.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +141,9 @@ class GenerateChunk:
 
     ``completion_tokens`` counts all tokens generated so far. The last chunk carries
     ``finish_reason``; every earlier chunk has ``None`` there. ``top_logprobs`` has one entry per
-    new token when the request asked for them, else it is empty.
+    new token when the request asked for them, else it is empty. ``weight_version`` is the
+    engine's version when it sent this chunk (an in-place weight update changes it mid-stream).
+    ``routed_experts`` is the whole call's routing, on the last chunk only, when asked for.
     """
 
     output_ids: tuple[int, ...]
@@ -120,6 +155,7 @@ class GenerateChunk:
     weight_version: str | None = None
     abort_message: str | None = None
     top_logprobs: tuple[TopLogprobs, ...] = ()
+    routed_experts: RoutedExperts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +166,8 @@ class GenerateResult:
     own end-of-sequence token reported without detail, for length and for abort).
     ``abort_message`` is the engine's reason when ``finish_reason`` is ``ABORT``.
     ``top_logprobs`` has one entry per output token when the request asked for them.
+    ``routed_experts`` is the call's routing when asked for (an aborted call may have none).
+    One answer has one weight version, so ``version_runs`` is one run or none.
     """
 
     rid: str
@@ -142,6 +180,13 @@ class GenerateResult:
     weight_version: str | None = None
     abort_message: str | None = None
     top_logprobs: tuple[TopLogprobs, ...] = ()
+    routed_experts: RoutedExperts | None = None
+
+    @property
+    def version_runs(self) -> tuple[VersionRun, ...]:
+        if self.weight_version is None:
+            return ()
+        return ((0, self.weight_version),)
 
     def to_completion(self) -> Completion:
         return Completion(
@@ -149,4 +194,6 @@ class GenerateResult:
             output_logprobs=self.output_logprobs,
             finish_reason=self.finish_reason,
             weight_version=self.weight_version,
+            version_runs=self.version_runs,
+            routed_experts=self.routed_experts,
         )

@@ -3,7 +3,8 @@
 Pure functions, no I/O: the HTTP client and the tests share them. Every generated token is read
 from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text|null]`` per token); anything
 inconsistent raises ``AdapterError(ENGINE_ERROR)`` naming the field, because a token we cannot
-vouch for must never reach training. See ``docs/sglang-wire.md``.
+vouch for must never reach training. The same holds for MoE routing (``routed_experts.py``) and
+weight versions. See ``docs/sglang-wire.md``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protocol_adapters._types import AdapterError, ErrorKind
-from trajectory_tree import FinishReason
+from trajectory_tree import FinishReason, RoutedExperts
 
+from .routed_experts import routed_experts_of
 from .types import GenerateChunk, GenerateRequest, GenerateResult, TopLogprobs
 
 _MAX_MESSAGE_CHARS = 500
@@ -29,7 +31,9 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
     are requested for output tokens only (``logprob_start_len: -1``): prompt logprobs would cost a
     full pass over a long context. ``top_logprobs_num`` (a request field, not a sampling
     parameter) is sent only when the client asked for the most likely alternatives, and
-    ``json_schema`` only when it asked for structured output.
+    ``json_schema`` only when it asked for structured output. MoE routing is asked for (two
+    request fields) from the position the request names: the positions before it were returned
+    to earlier calls on the same branch.
     """
     s = request.sampling
     sampling: dict[str, object] = {
@@ -58,6 +62,9 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
     }
     if request.top_logprobs:
         body["top_logprobs_num"] = request.top_logprobs
+    if request.routed_experts is not None:
+        body["return_routed_experts"] = True
+        body["routed_experts_start_len"] = request.routed_experts.start
     return body
 
 
@@ -79,6 +86,7 @@ class Step:
     matched_stop: int | str | None
     abort_message: str | None
     weight_version: str | None
+    routed_experts: RoutedExperts | None
 
 
 def parse_step(payload: object, request: GenerateRequest) -> Step:
@@ -110,6 +118,16 @@ def parse_step(payload: object, request: GenerateRequest) -> Step:
     weight_version = meta.get("weight_version")
     if weight_version is not None and not isinstance(weight_version, str):
         raise malformed(rid, f"meta_info.weight_version is {weight_version!r}, not a string")
+    try:
+        routed = routed_experts_of(
+            meta,
+            request.routed_experts,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish=finish,
+        )
+    except ValueError as exc:
+        raise malformed(rid, str(exc)) from None
     return Step(
         ids=ids,
         logprobs=logprobs,
@@ -121,6 +139,7 @@ def parse_step(payload: object, request: GenerateRequest) -> Step:
         matched_stop=matched,
         abort_message=abort_message,
         weight_version=weight_version,
+        routed_experts=routed,
     )
 
 
@@ -149,6 +168,7 @@ def parse_result(payload: object, request: GenerateRequest) -> GenerateResult:
         weight_version=step.weight_version,
         abort_message=step.abort_message,
         top_logprobs=step.top_logprobs,
+        routed_experts=step.routed_experts,
     )
 
 
@@ -220,6 +240,7 @@ class StreamDecoder:
             weight_version=step.weight_version,
             abort_message=step.abort_message,
             top_logprobs=new_top,
+            routed_experts=step.routed_experts,
         )
 
 

@@ -34,6 +34,26 @@ class RolloutSampling:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingCapture:
+    """Record which experts a MoE policy routed every token to, for routing replay in training.
+
+    Every engine call then asks SGLang (started with ``--enable-return-routed-experts``) for its
+    routing, from the first position its branch has no routing for yet. The engine does not say
+    the shape of what it returns, so it is stated here: the model's MoE ``layers`` and experts
+    per token (``topk``); every answer is checked against it.
+    """
+
+    layers: int
+    topk: int
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "topk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class AdminConfig:
     """The session API (``/admin/sessions``) for callers in another process.
 
@@ -72,3 +92,5 @@ class AdapterConfig:
     """Answer a client's identical retry with the recorded reply instead of generating again."""
     side_requests: tuple[SideRequestRule, ...] = DEFAULT_RULES
     """Shapes of the CLIs' housekeeping calls: answered, recorded, never trained (``()``: none)."""
+    routing: RoutingCapture | None = None
+    """Capture MoE routing with every call (``None``: not asked for; a dense model has none)."""

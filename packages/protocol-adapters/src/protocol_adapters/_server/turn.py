@@ -24,7 +24,14 @@ from dataclasses import dataclass, replace
 
 from protocol_adapters._dialects import DIALECTS
 from protocol_adapters._engine.protocol import Engine
-from protocol_adapters._engine.types import GenerateRequest, SamplingParams, TopLogprobs, new_rid
+from protocol_adapters._engine.types import (
+    GenerateRequest,
+    RoutingAsk,
+    SamplingParams,
+    TopLogprobs,
+    new_rid,
+)
+from protocol_adapters._engine.versions import VersionRuns
 from protocol_adapters._parsing.decode import IncrementalDecoder
 from protocol_adapters._parsing.stream import events_of
 from protocol_adapters._rendering import PromptTooLong
@@ -45,6 +52,7 @@ from trajectory_tree import (
     Completion,
     FinishReason,
     Route,
+    RoutedExperts,
     Turn,
     TurnMeta,
 )
@@ -52,6 +60,7 @@ from trajectory_tree import (
 from .config import AdapterConfig, RolloutSampling
 from .logprobs import token_logprobs
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
+from .routing_start import routing_start
 from .sessions import Session
 from .shortened import HISTORY_DROPPED, Refused, dropped_history
 from .side_requests import side_request
@@ -261,12 +270,16 @@ class TurnRunner:
             stop_token_ids=self._stop_ids,
         )
         client = request.sampling
+        capture = self._config.routing
         engine_request = GenerateRequest(
             input_ids=tuple(rendered.ids),
             sampling=params,
             routing_key=session.tree.session_id,  # never the token: it is a credential
             rid=new_rid(),
             top_logprobs=client.top_logprobs if client.logprobs else 0,
+            routed_experts=None
+            if capture is None
+            else RoutingAsk(routing_start(route, rendered), capture.layers, capture.topk),
         )
         side = side_request(self._config.side_requests, request)
         if side is not None:
@@ -388,13 +401,19 @@ class TurnRunner:
         logprobs: list[float] = []
         finish: FinishReason | None = None
         abort_message: str | None = None
-        weight_version: str | None = None
+        versions = VersionRuns()
+        routed: RoutedExperts | None = None  # on the last chunk only
+
+        def completion(reason: FinishReason) -> Completion:
+            return Completion(
+                ids, logprobs, reason, versions.version, versions.runs, routed_experts=routed
+            )
 
         def keep_aborted() -> None:
             # Client gone or engine failed or aborted before the client had the whole reply:
             # keep what the engine produced, as an aborted turn that is never trained.
             if ids:
-                partial = Completion(ids, logprobs, FinishReason.ABORT, weight_version)
+                partial = completion(FinishReason.ABORT)
                 reply = parser.parse_ids(ids, self._vocabulary)
                 meta = _meta(request, headers, engine_request.rid, started, record, reply)
                 self._record(session, request, route, rendered, partial, reply, meta)
@@ -411,9 +430,10 @@ class TurnRunner:
                     # reading them never suspends: give the loop back now and then, so one long
                     # reply cannot hold every other session's turns.
                     await asyncio.sleep(0)
+                versions.add(len(chunk.output_ids), chunk.weight_version)
                 ids.extend(chunk.output_ids)
                 logprobs.extend(chunk.output_logprobs)
-                weight_version = chunk.weight_version or weight_version
+                routed = chunk.routed_experts
                 finish = chunk.finish_reason
                 if finish is FinishReason.ABORT:
                     abort_message = chunk.abort_message
@@ -460,8 +480,7 @@ class TurnRunner:
             raise
         reply = reply_stream.reply()
         meta = _meta(request, headers, engine_request.rid, started, record, reply)
-        completion = Completion(ids, logprobs, finish, weight_version)
-        turn = self._record(session, request, route, rendered, completion, reply, meta)
+        turn = self._record(session, request, route, rendered, completion(finish), reply, meta)
         usage = Usage(len(engine_request.input_ids), len(ids))
         yield Finished(TurnOutcome(reply, usage, stop_reason(finish, reply.message), turn))
 
