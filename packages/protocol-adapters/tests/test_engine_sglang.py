@@ -16,12 +16,14 @@ from protocol_adapters._engine import (
     Engine,
     GenerateChunk,
     GenerateRequest,
+    RoutingAsk,
     SamplingParams,
     SGLangConfig,
     SGLangEngine,
 )
 from protocol_adapters._types import AdapterError, ErrorKind
 from protocol_adapters.testing import EngineDouble, Faults, Malformation, ScriptedReply
+from protocol_adapters.testing.engine_double import ROUTING_MALFORMATIONS
 from trajectory_tree import FinishReason
 
 FIXTURE = Path(__file__).parent / "fixtures" / "small_tokenizer.json"
@@ -48,11 +50,14 @@ async def double(tokenizer: Any) -> AsyncIterator[EngineDouble]:
         yield running
 
 
-def request(max_new_tokens: int = 256, routing_key: str | None = None) -> GenerateRequest:
+def request(
+    max_new_tokens: int = 256, routing_key: str | None = None, routed: RoutingAsk | None = None
+) -> GenerateRequest:
     return GenerateRequest(
         input_ids=(5, 6, 7, 8),
         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.7, top_p=0.95),
         routing_key=routing_key,
+        routed_experts=routed,
     )
 
 
@@ -314,6 +319,10 @@ MALFORMED_DETAIL = {
     Malformation.NULL_LOGPROB: "has logprob None",
     Malformation.BAD_TOKEN_ID: "has token id '",
     Malformation.WRONG_RID: "meta_info.id is 'someone-else'",
+    Malformation.ROUTING_COUNT: "meta_info.routed_experts holds 35 expert ids, not 36",
+    Malformation.ROUTING_NEGATIVE: "meta_info.routed_experts holds a negative expert id",
+    Malformation.ROUTING_BAD_BASE64: "meta_info.routed_experts is not base64",
+    Malformation.ROUTING_UNASKED: "meta_info.routed_experts is present but was not asked for",
 }
 
 
@@ -323,8 +332,9 @@ async def test_malformed_answers_are_engine_errors_naming_the_field(
     double: EngineDouble, how: Malformation, streaming: bool
 ) -> None:
     double.faults = Faults(malformed=how)
+    asked = how in ROUTING_MALFORMATIONS and how is not Malformation.ROUTING_UNASKED
     async with engine_for(double.url) as engine:
-        req = request()
+        req = request(max_new_tokens=5, routed=RoutingAsk(2, 3, 2) if asked else None)
         with pytest.raises(AdapterError) as caught:
             await (collect(engine, req) if streaming else engine.generate(req))
     assert caught.value.kind is ErrorKind.ENGINE_ERROR

@@ -3,7 +3,14 @@
 from .config import ROUTING_HEADER, SGLangConfig
 from .protocol import Engine
 from .sglang import SGLangEngine
-from .types import GenerateChunk, GenerateRequest, GenerateResult, SamplingParams, new_rid
+from .types import (
+    GenerateChunk,
+    GenerateRequest,
+    GenerateResult,
+    RoutingAsk,
+    SamplingParams,
+    new_rid,
+)
 
 __all__ = [
     "ROUTING_HEADER",
@@ -11,6 +18,7 @@ __all__ = [
     "GenerateChunk",
     "GenerateRequest",
     "GenerateResult",
+    "RoutingAsk",
     "SGLangConfig",
     "SGLangEngine",
     "SamplingParams",

@@ -1,6 +1,6 @@
 """Test and demo doubles that speak real wire protocols (no model runs here)."""
 
-from .engine_double import EngineDouble, Faults, Malformation, ReceivedRequest
+from .engine_double import EngineDouble, Faults, Malformation, ReceivedRequest, expert_id
 from .scripted import Qwen3ReplyEncoder, ScriptedReply, Tokenizer, qwen3_text
 
 __all__ = [
@@ -11,5 +11,6 @@ __all__ = [
     "ReceivedRequest",
     "ScriptedReply",
     "Tokenizer",
+    "expert_id",
     "qwen3_text",
 ]

@@ -13,6 +13,14 @@ It records every request (ids, sampling parameters, rid, headers), every abort a
 connection, and can inject faults: latency, per-chunk delay, hanging until aborted, HTTP errors
 with SGLang's error body, malformed bodies and dropped connections.
 
+MoE routing: a request with ``return_routed_experts`` gets ``meta_info.routed_experts`` on its
+finishing answer or chunk, for positions ``[routed_experts_start_len, prompt + output - 1)``, as
+base64 of little-endian int32 (or a JSON list, ``routing_as_list``). The experts are invented
+but deterministic, :func:`expert_id` of the token at each position, so a test computes the rows
+it expects without asking the double (:meth:`EngineDouble.expected_routing`).
+:meth:`EngineDouble.update_weights` imitates slime pausing the engine for a weight update:
+aborting everything running, or in place (running streams go on under the new version).
+
     async with EngineDouble(tokenizer, [ScriptedReply(text="hi")]) as engine:
         ...  # engine.url is http://127.0.0.1:<port>
 
@@ -30,15 +38,18 @@ with its logprob first, then byte tokens with lower logprobs.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
+import sys
 import time
 import uuid
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
-from typing import Self, TypeAlias
+from typing import Literal, Self, TypeAlias
 
 from aiohttp import web
 
@@ -60,6 +71,28 @@ class Malformation(StrEnum):
     NULL_LOGPROB = "null_logprob"  # what SGLang's JSON encoder writes for NaN / inf
     BAD_TOKEN_ID = "bad_token_id"
     WRONG_RID = "wrong_rid"
+    # These four corrupt the routing of the finishing answer or chunk.
+    ROUTING_COUNT = "routing_count"  # one expert id too few
+    ROUTING_NEGATIVE = "routing_negative"  # the first expert id is -1
+    ROUTING_BAD_BASE64 = "routing_bad_base64"
+    ROUTING_UNASKED = "routing_unasked"  # routing from position 0 though none was asked for
+
+
+ROUTING_MALFORMATIONS = frozenset(
+    (
+        Malformation.ROUTING_COUNT,
+        Malformation.ROUTING_NEGATIVE,
+        Malformation.ROUTING_BAD_BASE64,
+        Malformation.ROUTING_UNASKED,
+    )
+)
+
+
+def expert_id(token_id: int, position: int, layer: int, slot: int, num_experts: int) -> int:
+    """The expert the double routes ``token_id`` at ``position`` to, in ``layer``'s ``slot``-th
+    choice: a fixed mix of all four, so a row shifted by a position or taken from another token
+    differs from the expected one."""
+    return (token_id * 7919 + position * 104729 + layer * 613 + slot * 37) % num_experts
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +140,8 @@ class ReceivedRequest:
     headers: Mapping[str, str]
     body: Mapping[str, object]
     top_logprobs: int = 0
+    routed_experts_start_len: int | None = None
+    """The position routing was asked from; ``None`` when ``return_routed_experts`` was not set."""
 
 
 @dataclass(slots=True)
@@ -119,6 +154,8 @@ class _Generation:
     return_logprob: bool
     skip_special_tokens: bool
     top_logprobs: int = 0
+    input_ids: tuple[int, ...] = ()
+    routing_start: int | None = None
     started: float = field(default_factory=time.monotonic)
 
 
@@ -176,9 +213,16 @@ class EngineDouble:
         weight_version: str | None = "default",
         model_path: str = "engine-double/qwen3",
         report_context_length: bool = True,
+        routed_layers: int = 3,
+        routed_topk: int = 2,
+        num_experts: int = 64,
+        routing_as_list: bool = False,
+        capture_routing: bool = True,
     ) -> None:
         if tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
+        if min(routed_layers, routed_topk, num_experts) < 1:
+            raise ValueError("routed_layers, routed_topk and num_experts must be >= 1")
         self.encoder = Qwen3ReplyEncoder(tokenizer)
         self.tokenizer = tokenizer
         self.script = script
@@ -192,6 +236,20 @@ class EngineDouble:
         unless ``--context-length`` was given; ``max_req_input_len`` then carries it)."""
         self.weight_version = weight_version
         self.model_path = model_path
+        self.routed_layers = routed_layers
+        self.routed_topk = routed_topk
+        self.num_experts = num_experts
+        self.routing_as_list = routing_as_list
+        self.capture_routing = capture_routing
+        """Whether routing is returned when asked for: SGLang started without
+        ``--enable-return-routed-experts`` leaves it out."""
+        self.sent_tokens: dict[str, int] = {}
+        """Tokens streamed so far, by rid."""
+        self.weight_updates: list[tuple[str, str]] = []
+        """``(version, mode)`` of every :meth:`update_weights`."""
+        self._running: dict[str, asyncio.Event] = {}
+        self._abort_messages: dict[str, str] = {}
+        self._progress = asyncio.Condition()
         self.requests: list[ReceivedRequest] = []
         self.aborts: list[str] = []
         self.disconnects: list[str] = []
@@ -259,6 +317,51 @@ class EngineDouble:
         if callable(self.logprob):
             return float(self.logprob(position, token_id))
         return float(self.logprob)
+
+    def routed_row(self, token_id: int, position: int) -> list[int]:
+        """The ``layers x topk`` experts of one position, layer by layer."""
+        return [
+            expert_id(token_id, position, layer, slot, self.num_experts)
+            for layer in range(self.routed_layers)
+            for slot in range(self.routed_topk)
+        ]
+
+    def expected_routing(self, sequence: Sequence[int], start: int) -> array[int]:
+        """The routing of a call whose prompt and output together are ``sequence``, from
+        ``start``: one row per position up to the last token, which no forward pass reads."""
+        rows: array[int] = array("i")
+        for position in range(start, len(sequence) - 1):
+            rows.extend(self.routed_row(sequence[position], position))
+        return rows
+
+    # -- weight updates ------------------------------------------------------------------------
+
+    async def update_weights(self, version: str, mode: Literal["abort", "in_place"]) -> None:
+        """Load weights ``version``, as slime does between rollout steps.
+
+        ``abort``: every running generation ends at once with finish reason ``abort`` (under
+        the old version, as SGLang's pause does before the update); returns once they have.
+        ``in_place``: generations keep running; every chunk from now on names ``version``.
+        """
+        if mode not in ("abort", "in_place"):
+            raise ValueError(f"mode must be 'abort' or 'in_place', not {mode!r}")
+        self.weight_updates.append((version, mode))
+        if mode == "abort":
+            running = dict(self._running)
+            for rid in running:
+                self._abort_messages[rid] = "Aborted by AbortReq."
+                self._abort_event(rid).set()
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(done.wait() for done in running.values()))
+        self.weight_version = version
+
+    async def wait_for_tokens(self, tokens: int) -> str:
+        """Wait until one stream has sent at least ``tokens`` tokens; return its rid."""
+        async with self._progress:
+            await self._progress.wait_for(
+                lambda: any(n >= tokens for n in self.sent_tokens.values())
+            )
+        return next(rid for rid, n in self.sent_tokens.items() if n >= tokens)
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -336,6 +439,9 @@ class EngineDouble:
             if stream:  # SGLang reports these inside an SSE stream that already said 200
                 return await self._stream_error(request, str(refusal))
             return _error(400, str(refusal))
+        if faults.malformed is Malformation.ROUTING_UNASKED and generation.routing_start is None:
+            generation.routing_start = 0
+        done = self._running[received.rid] = asyncio.Event()
         try:
             if stream:
                 return await self._stream(request, generation, faults)
@@ -345,6 +451,8 @@ class EngineDouble:
             raise
         finally:
             self._abort_events.pop(received.rid, None)
+            self._running.pop(received.rid, None)
+            done.set()
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -378,6 +486,16 @@ class EngineDouble:
             rid = uuid.uuid4().hex
         if not isinstance(rid, str):
             raise _Refusal("rid must be a string")
+        routed = body.get("return_routed_experts", False)
+        if not isinstance(routed, bool):
+            raise _Refusal(f"return_routed_experts must be a bool, got {routed!r}")
+        start = body.get("routed_experts_start_len", 0)
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise _Refusal(f"routed_experts_start_len must be an int, got {start!r}")
+        if routed and not 0 <= start <= len(input_ids):
+            raise _Refusal(
+                f"routed_experts_start_len {start} is outside [0, {len(input_ids)}] prompt tokens"
+            )
         return ReceivedRequest(
             rid=rid,
             input_ids=tuple(input_ids),
@@ -387,6 +505,7 @@ class EngineDouble:
             headers={k.lower(): v for k, v in request.headers.items()},
             body=dict(body),
             top_logprobs=top,
+            routed_experts_start_len=start if routed else None,
         )
 
     def _generation(self, received: ReceivedRequest) -> _Generation:
@@ -431,6 +550,8 @@ class EngineDouble:
             return_logprob=received.return_logprob,
             skip_special_tokens=bool(skip),
             top_logprobs=received.top_logprobs,
+            input_ids=received.input_ids,
+            routing_start=received.routed_experts_start_len,
         )
 
     def _next_reply(self, input_ids: Sequence[int]) -> ScriptedReply:
@@ -445,7 +566,7 @@ class EngineDouble:
 
     async def _answer(self, gen: _Generation, faults: Faults) -> web.StreamResponse:
         if await self._stalled(gen.rid, _first_delay(faults)):
-            gen.ids, gen.logprobs, gen.finish = [], [], _aborted("Aborted by AbortReq.")
+            gen.ids, gen.logprobs, gen.finish = [], [], self._aborted(gen.rid)
         body: dict[str, object] = {
             "text": self._text(gen, gen.ids),
             "output_ids": gen.ids,
@@ -466,17 +587,22 @@ class EngineDouble:
                 aborted = await self._stalled(gen.rid, faults.chunk_delay)
             end = sent if aborted else min(sent + self.tokens_per_chunk, len(gen.ids))
             last = aborted or end == len(gen.ids)
-            finish = (_aborted("Aborted by AbortReq.") if aborted else gen.finish) if last else None
+            finish = (self._aborted(gen.rid) if aborted else gen.finish) if last else None
             first = sent if self.incremental_streaming else 0
             chunk: dict[str, object] = {
                 "text": self._text(gen, gen.ids[first:end]),
                 "output_ids": gen.ids[first:end],
                 "meta_info": self._meta(gen, end, finish, first),
             }
-            data = _chunk_bytes(chunk, faults.malformed if chunks == 0 else None)
+            how = faults.malformed
+            hits = last if how in ROUTING_MALFORMATIONS else chunks == 0
+            data = _chunk_bytes(chunk, how if hits else None)
             await response.write(b"data: " + data + b"\n\n")
             sent = end
             chunks += 1
+            async with self._progress:
+                self.sent_tokens[gen.rid] = sent
+                self._progress.notify_all()
             if faults.drop_after_chunks is not None and chunks >= faults.drop_after_chunks:
                 _drop(request)
                 return response
@@ -532,7 +658,30 @@ class EngineDouble:
                 ]
         if finish is not None:
             meta["e2e_latency"] = time.monotonic() - gen.started
+            routing = self._routing(gen, count, finish)
+            if routing is not None:
+                meta["routed_experts"] = routing
+                meta["routed_experts_start_len"] = gen.routing_start
         return meta
+
+    def _routing(
+        self, gen: _Generation, count: int, finish: Mapping[str, object]
+    ) -> str | list[int] | None:
+        """The finishing object's routing: none unless asked for (and captured); none for a
+        generation aborted before its first token."""
+        if gen.routing_start is None or not self.capture_routing:
+            return None
+        if finish.get("type") == "abort" and count == 0:
+            return None
+        rows = self.expected_routing([*gen.input_ids, *gen.ids[:count]], gen.routing_start)
+        if self.routing_as_list:
+            return rows.tolist()
+        if sys.byteorder == "big":
+            rows.byteswap()
+        return base64.b64encode(rows.tobytes()).decode("ascii")
+
+    def _aborted(self, rid: str) -> dict[str, object]:
+        return _aborted(self._abort_messages.pop(rid, "Aborted by AbortReq."))
 
     def _text(self, gen: _Generation, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=gen.skip_special_tokens)
@@ -597,7 +746,9 @@ def _corrupt(body: dict[str, object], how: Malformation) -> None:
     meta = body["meta_info"]
     assert isinstance(meta, dict)
     logprobs = meta.get("output_token_logprobs")
-    if how is Malformation.MISSING_LOGPROBS:
+    if how in ROUTING_MALFORMATIONS:
+        _corrupt_routing(meta, how)
+    elif how is Malformation.MISSING_LOGPROBS:
         meta.pop("output_token_logprobs", None)
     elif how is Malformation.COUNT_MISMATCH:
         meta["completion_tokens"] = int(str(meta["completion_tokens"])) + 1
@@ -608,6 +759,31 @@ def _corrupt(body: dict[str, object], how: Malformation) -> None:
             logprobs[0][0] = None
         elif how is Malformation.BAD_TOKEN_ID:
             logprobs[0][1] = str(logprobs[0][1])
+
+
+def _corrupt_routing(meta: dict[str, object], how: Malformation) -> None:
+    routing = meta.get("routed_experts")
+    if how is Malformation.ROUTING_UNASKED or routing is None:
+        return  # routing the client did not ask for is the fault itself
+    if isinstance(routing, list):
+        if how is Malformation.ROUTING_COUNT:
+            routing.pop()
+        elif how is Malformation.ROUTING_NEGATIVE:
+            routing[0] = -1
+        else:
+            meta["routed_experts"] = "!" + json.dumps(routing)
+        return
+    assert isinstance(routing, str)
+    ids: array[int] = array("i")
+    ids.frombytes(base64.b64decode(routing))
+    if how is Malformation.ROUTING_BAD_BASE64:
+        meta["routed_experts"] = "!" + routing[1:]
+        return
+    if how is Malformation.ROUTING_COUNT:
+        ids.pop()
+    else:
+        ids[0] = -1
+    meta["routed_experts"] = base64.b64encode(ids.tobytes()).decode("ascii")
 
 
 def _chunk_bytes(body: dict[str, object], how: Malformation | None) -> bytes:
