@@ -17,6 +17,7 @@ returned (a cache hit the engine did not report, a turn recorded without capture
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ class RoutedExperts:
                 f"{len(self.experts)} expert ids are not whole rows of "
                 f"{self.layers} layers x {self.topk}"
             )
-        if len(self.experts) and min(self.experts) < 0:
+        if not _non_negative(self.experts):
             raise InvalidTurn("routing holds a negative expert id")
 
     @property
@@ -123,7 +124,7 @@ def assemble(routings: Sequence[RoutedExperts | None], length: int) -> SampleRou
             )
     row = layers * topk
     rows = max(0, length - 1)
-    experts: array[int] = array("i", bytes(4 * rows * row))
+    experts = zeros(rows * row)
     uncovered = [(0, rows)]
     for routing in captured:
         still: list[tuple[int, int]] = []
@@ -142,3 +143,14 @@ def assemble(routings: Sequence[RoutedExperts | None], length: int) -> SampleRou
         if not uncovered:
             break
     return SampleRouting(layers, topk, experts, tuple(sorted(uncovered)))
+
+
+def zeros(count: int) -> array[int]:
+    """``count`` int32 zeros, allocated exactly (``frombytes`` would over-allocate by 1/16)."""
+    return array("i", [0]) * count
+
+
+def _non_negative(experts: array[int]) -> bool:
+    """No id below 0, at C speed: the sign byte of every int32 is ASCII (below 0x80)."""
+    sign = 3 if sys.byteorder == "little" else 0
+    return memoryview(experts).cast("B")[sign::4].tobytes().isascii()

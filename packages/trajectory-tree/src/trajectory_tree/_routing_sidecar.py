@@ -16,16 +16,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import FormatError
-from ._routing import RoutedExperts
+from ._routing import RoutedExperts, zeros
 from ._tree import SessionTree
 
 
-def _little_endian(experts: array[int]) -> bytes:
+def _little_endian(experts: array[int]) -> memoryview:
+    """The ids as little-endian bytes, without a copy on a little-endian host."""
     if sys.byteorder == "little":
-        return experts.tobytes()
+        return memoryview(experts).cast("B")
     swapped = array("i", experts)
     swapped.byteswap()
-    return swapped.tobytes()
+    return memoryview(swapped).cast("B")
 
 
 def routing_offsets(tree: SessionTree) -> dict[int, int]:
@@ -63,13 +64,13 @@ def routing_from_entry(entry: Mapping[str, Any], sidecar: bytes, where: str) -> 
     """The routing a turn's entry names in ``sidecar``; :class:`FormatError` if it is not there
     as written."""
     offset, size = int(entry["offset"]), int(entry["bytes"])
-    data = sidecar[offset : offset + size]
+    data = memoryview(sidecar)[offset : offset + size]
     if offset < 0 or len(data) != size or size % 4:
         raise FormatError(f"{where}: the routing sidecar holds no {size} bytes at {offset}")
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise FormatError(f"{where}: the routing sidecar's bytes do not match their digest")
-    experts: array[int] = array("i")
-    experts.frombytes(data)
+    experts = zeros(size // 4)
+    memoryview(experts).cast("B")[:] = data
     if sys.byteorder != "little":
         experts.byteswap()
     return RoutedExperts(int(entry["start"]), int(entry["layers"]), int(entry["topk"]), experts)
