@@ -109,16 +109,27 @@ async def test_cpu_time_and_file_size_limits_kill_with_their_signal(tmp_path: Pa
         assert (big.exit_code, big.limits_hit) == (128 + 25, ("max_file_size_bytes",))  # SIGXFSZ
 
 
+def orphaned(command: str) -> str:
+    """A shell line running ``command`` as an orphan and waiting until it is gone.
+
+    The subshell exits at once, so its background child is adopted by the sandbox's init
+    (pid 1), which reaps it. The child becomes ``command`` only once adopted: a child that died
+    before its subshell exited would be reaped by that shell, not init (on a loaded machine
+    ``head`` can finish first), and no orphan would have died.
+    """
+    adopted = 'while [ "$(cut -d" " -f4 /proc/$$/stat)" != 1 ]; do sleep 0.02; done'
+    return (
+        f"(sh -c '{adopted}; exec {command}' & echo $! > /tmp/pid); "
+        "while kill -0 $(cat /tmp/pid) 2>/dev/null; do sleep 0.1; done"
+    )
+
+
 async def test_an_orphan_killed_by_a_limit_is_reported(limited: LocalBackend) -> None:
     limits = ResourceLimits(cpu_seconds=1, max_file_size_bytes=MiB)
-    # The subshell exits at once: its child is adopted by the sandbox's init, which reaps it.
-    wait_for_orphan = (
-        "echo $! > /tmp/pid); while kill -0 $(cat /tmp/pid) 2>/dev/null; do sleep 0.1; done"
-    )
     async with await limited.create(SandboxSpec(limits=limits)) as box:
-        big = await box.exec(f"(head -c {2 * MiB} /dev/zero > big & {wait_for_orphan}")
+        big = await box.exec(orphaned(f"head -c {2 * MiB} /dev/zero > big"))
         assert (big.exit_code, big.limits_hit) == (0, ("max_file_size_bytes",))
-        spin = await box.exec(f"(sh -c 'while :; do :; done' & {wait_for_orphan}", timeout=60)
+        spin = await box.exec(orphaned('sh -c "while :; do :; done"'), timeout=60)
         assert (spin.exit_code, spin.limits_hit) == (0, ("cpu_seconds",))
         assert (await box.exec("true")).limits_hit == ()
 
