@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from protocol_adapters.testing import (
     Faults,
     Qwen3ReplyEncoder,
     ScriptedReply,
+    expert_id,
     qwen3_text,
 )
 
@@ -315,3 +318,93 @@ async def test_top_logprobs_num_gives_alternatives_per_output_token(
         assert len(top) == 3
         assert top[0][:2] == [logprob, token_id]
         assert [t[0] for t in top] == sorted((t[0] for t in top), reverse=True)
+
+
+# -- MoE routing and weight updates ----------------------------------------------------------
+
+
+def test_expert_ids_are_a_fixed_function_of_token_and_position() -> None:
+    assert expert_id(5, 3, 1, 0, 64) == (5 * 7919 + 3 * 104729 + 613) % 64
+    assert expert_id(5, 3, 1, 0, 64) != expert_id(5, 4, 1, 0, 64)
+    assert expert_id(5, 3, 1, 0, 64) != expert_id(6, 3, 1, 0, 64)
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+async def test_routing_covers_the_asked_positions_up_to_the_last_token(
+    tokenizer: Any, as_list: bool
+) -> None:
+    reply = ScriptedReply(text="short")
+    async with EngineDouble(
+        tokenizer, [reply, reply], routed_layers=2, routed_topk=4, routing_as_list=as_list
+    ) as double:
+        body = generate_body(return_routed_experts=True, routed_experts_start_len=1)
+        status, answer = await post(f"{double.url}/generate", body)
+        assert status == 200
+        meta = answer["meta_info"]
+        ids = [11, 12, 13, *answer["output_ids"]]
+        raw = meta["routed_experts"]
+        experts = array("i", raw) if as_list else _int32s(raw)
+        assert len(experts) == (len(ids) - 1 - 1) * 2 * 4
+        assert experts == double.expected_routing(ids, 1)
+        assert experts[:8].tolist() == double.routed_row(12, 1)
+        assert meta["routed_experts_start_len"] == 1
+        assert double.requests[0].routed_experts_start_len == 1
+
+        events = await post_stream(
+            f"{double.url}/generate", generate_body(stream=True, return_routed_experts=True)
+        )
+        carrying = ["routed_experts" in json.loads(e)["meta_info"] for e in events[:-1]]
+        assert carrying == [False] * (len(carrying) - 1) + [True]
+
+
+@pytest.mark.parametrize("start", [-1, 4])
+async def test_a_routing_start_outside_the_prompt_is_refused(tokenizer: Any, start: int) -> None:
+    async with EngineDouble(tokenizer, [ScriptedReply(text="x")]) as double:
+        body = generate_body(return_routed_experts=True, routed_experts_start_len=start)
+        status, answer = await post(f"{double.url}/generate", body)
+        assert status == 400
+        assert "routed_experts_start_len" in answer["error"]["message"]
+
+
+async def test_without_the_server_flag_routing_is_left_out(tokenizer: Any) -> None:
+    async with EngineDouble(tokenizer, [ScriptedReply(text="x")], capture_routing=False) as double:
+        status, answer = await post(
+            f"{double.url}/generate", generate_body(return_routed_experts=True)
+        )
+        assert status == 200
+        assert "routed_experts" not in answer["meta_info"]
+
+
+async def test_weight_updates_abort_running_generations_or_continue_them(tokenizer: Any) -> None:
+    long = ScriptedReply(text="one two three four five six seven")
+    async with EngineDouble(
+        tokenizer, [long, long], faults=Faults(chunk_delay=0.05), incremental_streaming=True
+    ) as double:
+        streaming = asyncio.create_task(
+            post_stream(f"{double.url}/generate", generate_body(rid="a", stream=True))
+        )
+        assert await double.wait_for_tokens(2) == "a"
+        await double.update_weights("v2", "in_place")
+        chunks = [json.loads(c)["meta_info"] for c in (await streaming)[:-1]]
+        versions = [c["weight_version"] for c in chunks]
+        assert versions[:2] == ["default", "default"]
+        assert set(versions[2:]) == {"v2"}
+        assert chunks[-1]["finish_reason"]["type"] == "stop"
+
+        streaming = asyncio.create_task(
+            post_stream(f"{double.url}/generate", generate_body(rid="b", stream=True))
+        )
+        assert await double.wait_for_tokens(2) == "b"
+        await double.update_weights("v3", "abort")
+        last = json.loads((await streaming)[-2])["meta_info"]
+        assert last["finish_reason"]["type"] == "abort"
+        assert last["weight_version"] == "v2"  # aborted before the new weights were loaded
+        assert double.weight_version == "v3"
+        assert double.weight_updates == [("v2", "in_place"), ("v3", "abort")]
+        assert double.aborts == []  # no client asked for these
+
+
+def _int32s(text: str) -> array[int]:
+    packed: array[int] = array("i")
+    packed.frombytes(base64.b64decode(text))
+    return packed

@@ -356,12 +356,14 @@ class EngineDouble:
         self.weight_version = version
 
     async def wait_for_tokens(self, tokens: int) -> str:
-        """Wait until one stream has sent at least ``tokens`` tokens; return its rid."""
+        """Wait until a running stream has sent at least ``tokens`` tokens; return its rid."""
+
+        def far() -> list[str]:
+            return [r for r, n in self.sent_tokens.items() if n >= tokens and r in self._running]
+
         async with self._progress:
-            await self._progress.wait_for(
-                lambda: any(n >= tokens for n in self.sent_tokens.values())
-            )
-        return next(rid for rid, n in self.sent_tokens.items() if n >= tokens)
+            await self._progress.wait_for(far)
+        return far()[0]
 
     # -- handlers ------------------------------------------------------------------------------
 
