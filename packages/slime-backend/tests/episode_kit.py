@@ -3,13 +3,16 @@
 :class:`Recorder` routes each request through ``SessionTree.route``, renders only the new messages
 (UTF-8 bytes as token ids, plus a generation-prompt id pair), and records the engine's answer with
 ``SessionTree.record``: the public path protocol-adapters takes, minus HTTP and a tokenizer.
-Output ids are the reply's bytes (plus tool-call markers); logprobs come from a seeded RNG.
+Output ids are the reply's bytes (plus tool-call markers); logprobs come from a seeded RNG. With
+``routing=(layers, topk)`` a call returns MoE routing from where the tree says the engine should
+start (``SessionTree.routing_start``), each call's expert ids its own (:func:`expert_id`).
 :func:`base_sample` builds the sample slime's data source hands the generate function.
 """
 
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +26,7 @@ from trajectory_tree import (
     LossReason,
     Message,
     Prompt,
+    RoutedExperts,
     Segment,
     SessionTree,
     Text,
@@ -34,6 +38,12 @@ from trajectory_tree import (
 GENERATION_PROMPT = (300, 301)
 CALL_MARK = 302
 END = 303
+
+
+def expert_id(turn: int, position: int, layer: int, k: int) -> int:
+    """The expert call ``turn`` routed ``position`` to at ``layer``, choice ``k``: distinct per
+    call, so rows taken from the wrong call cannot pass."""
+    return 1 + (turn * 131 + position * 17 + layer * 5 + k) % 997
 
 
 def encode(text: str) -> list[int]:
@@ -70,8 +80,15 @@ class Recorder:
         agent: str | None = None,
         weight_version: str | None = "w1",
         logprob: float | None = None,
+        version_runs: Sequence[tuple[int, str]] = (),
+        routing: tuple[int, int] | None = None,
+        routing_from: int | None = None,
     ) -> Message:
-        """Record one model call answering ``messages``; returns the assistant reply."""
+        """Record one model call answering ``messages``; returns the assistant reply.
+
+        ``version_runs`` are the call's ``(first output index, version)`` runs (the last one's
+        version is ``weight_version``); ``routing`` is ``(layers, topk)`` of the routing it
+        returns, from ``routing_from`` (default: where the tree says to start)."""
         route = self.tree.route(Prompt(messages))
         segments = [
             Segment(
@@ -87,10 +104,23 @@ class Recorder:
         reply = Message("assistant", (Text(text), *call_blocks))
         output = encode(text) + [CALL_MARK] * calls + [END]
         logprobs = [logprob if logprob is not None else -self.rng.expovariate(2.0) for _ in output]
+        prompt = BridgedPrompt(segments, GENERATION_PROMPT)
+        routed = None
+        if routing is not None:
+            layers, topk = routing
+            start = self.tree.routing_start(route, prompt) if routing_from is None else routing_from
+            end = route.prefix_length + prompt.new_length + len(output) - 1
+            ids = [
+                expert_id(number, p, layer, k)
+                for p in range(start, end)
+                for layer in range(layers)
+                for k in range(topk)
+            ]
+            routed = RoutedExperts(start, layers, topk, array("i", ids))
         self.tree.record(
             route,
-            BridgedPrompt(segments, GENERATION_PROMPT),
-            Completion(output, logprobs, finish, weight_version),
+            prompt,
+            Completion(output, logprobs, finish, weight_version, tuple(version_runs), routed),
             reply,
             TurnMeta(agent_id=agent, malformed_tool_calls=malformed),
         )

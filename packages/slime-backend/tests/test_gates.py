@@ -56,6 +56,7 @@ def test_each_gate_counts_its_share_of_episodes() -> None:
         "aborts": (1, 5),  # at its 0.2 limit: not over it
         "environment_aborts": (0, 5),  # aborted, but not for its environment
         "length_drops": (0, 5),
+        "routing_missing": (0, 5),
     }
     assert [r.name for r in report.tripped] == ["zero_trainable", "tool_call_parse_failures"]
 
@@ -118,7 +119,13 @@ def test_an_empty_batch_trips_nothing() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["max_zero_trainable_share", "parse_failure_rate", "max_abort_share", "max_length_drop_share"],
+    [
+        "max_zero_trainable_share",
+        "parse_failure_rate",
+        "max_abort_share",
+        "max_length_drop_share",
+        "max_routing_missing_share",
+    ],
 )
 @pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
 def test_limits_outside_zero_to_one_are_refused_by_name(name: str, value: float) -> None:

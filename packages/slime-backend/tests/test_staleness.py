@@ -128,3 +128,97 @@ def test_abort_aborts_the_episode_with_the_reason() -> None:
 def test_bad_policies_name_the_field(table: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         from_mapping(ConversionOptions, {"staleness": table})
+
+
+# -- turns the engine paused for a weight update and resumed: one version per run ---------------
+
+
+def resumed(runs_of_first: Sequence[tuple[int, str]], later: Sequence[str]) -> Recorder:
+    """A main agent whose first call was generated in version runs ``runs_of_first`` (the engine
+    paused it for updates and resumed it), and whose later calls used ``later``."""
+    recorder = Recorder()
+    messages = [system("main agent"), user("fix the bug")]
+    versions: list[tuple[Sequence[tuple[int, str]], str]] = [
+        (runs_of_first, runs_of_first[-1][1]),
+        *(((), v) for v in later),
+    ]
+    for number, (runs, version) in enumerate(versions):
+        reply = recorder.turn(
+            messages, f"step {number}", calls=1, weight_version=version, version_runs=runs
+        )
+        messages = [*messages, reply, tool(f"call-{number}-0", f"out {number}")]
+    return recorder
+
+
+def test_a_turn_is_as_old_as_its_oldest_version_run() -> None:
+    """Finished on "2", one update from the newest "3", but started on "1": stale at span 1."""
+    recorder = resumed([(0, "1"), (2, "2")], ["3", "3"])
+    report = weight_report(recorder.tree, range(3), StalenessPolicy(1, StaleAction.MASK))
+    assert report.versions == ("1", "2", "3")
+    assert (report.span, sorted(report.stale_turns)) == (2, [0])
+    (kept,) = convert(recorder, StalenessPolicy(1, StaleAction.KEEP))
+    assert kept.weight_versions == ["1", "2", "3", "3"]  # one per run of each trained turn
+    (masked,) = convert(recorder, StalenessPolicy(1, StaleAction.MASK))
+    first = recorder.tree.turns[0].output_length
+    assert mask_of(masked)[:first] == [0] * first  # the whole turn, its newer run too
+    assert masked.weight_versions == ["3", "3"]
+    assert masked.metadata["agent_rl"]["sample"]["stale_turns"] == [0]
+    (aborted,) = convert(recorder, StalenessPolicy(1, StaleAction.ABORT))
+    assert aborted.status is StandInSample.Status.ABORTED
+    assert convert(recorder, StalenessPolicy(2, StaleAction.MASK))[0].weight_versions == [
+        "1",
+        "2",
+        "3",
+        "3",
+    ]
+
+
+def test_a_run_past_the_truncation_cut_is_not_listed() -> None:
+    recorder = Recorder()
+    recorder.turn(
+        [system("s"), user("t")],
+        "x" * 40,
+        weight_version="5",
+        version_runs=[(0, "4"), (30, "5")],
+    )
+    prompt = recorder.tree.turns[0].prompt_length
+    for cut, versions in ((prompt + 10, ["4"]), (prompt + 35, ["4", "5"])):
+        (sample,) = episode_samples(
+            recorder.tree,
+            base_sample(),
+            EpisodeOutcome(1.0),
+            ConversionOptions(max_sample_tokens=cut, staleness=StalenessPolicy(5)),
+            sample_class=StandInSample,
+        )
+        assert sample.weight_versions == versions
+        record = sample.metadata["agent_rl"]["sample"]["versions"]
+        assert record["span"] == len(versions) - 1
+
+
+def test_each_sample_records_its_version_span_and_lag_behind_the_episode() -> None:
+    recorder = fan_out(Recorder())  # main: turns 0, 2; sub-agent: 1, 3; compaction: 4
+    runs: list[tuple[tuple[int, str], ...]] = [
+        ((0, "3"),),
+        ((0, "1"), (1, "2")),
+        ((0, "3"), (2, "4")),
+        ((0, "2"),),
+        ((0, "4"),),
+    ]
+    for turn, turn_runs in enumerate(runs):
+        object.__setattr__(recorder.tree.turns[turn], "version_runs", turn_runs)
+        object.__setattr__(recorder.tree.turns[turn], "weight_version", turn_runs[-1][1])
+    main, sub, compaction = convert(recorder, StalenessPolicy(5, StaleAction.KEEP))
+    assert main.weight_versions == ["3", "3", "4"]
+    assert sub.weight_versions == ["1", "2", "2"]
+    assert compaction.weight_versions == ["4"]
+    records = [s.metadata["agent_rl"]["sample"]["versions"] for s in (main, sub, compaction)]
+    assert records == [
+        {"oldest": "3", "newest": "4", "span": 1, "max_lag": 1, "runs": 3},
+        {"oldest": "1", "newest": "2", "span": 1, "max_lag": 3, "runs": 3},
+        {"oldest": "4", "newest": "4", "span": 0, "max_lag": 0, "runs": 1},
+    ]
+    unversioned = Recorder()
+    unversioned.turn([system("s"), user("t")], "x", weight_version=None)
+    (sample,) = convert(unversioned, StalenessPolicy())
+    assert sample.weight_versions == []
+    assert sample.metadata["agent_rl"]["sample"]["versions"] is None

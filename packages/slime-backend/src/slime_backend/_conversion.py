@@ -17,8 +17,13 @@ one slime ``Sample``:
 - ``reward`` is the episode's reward on every sample (GRPO normalization happens per episode in
   :mod:`slime_backend.reward_hook`); ``status`` is ``truncated`` when the length limit cut the
   sample, the engine hit ``max_new_tokens`` on its last trained turn, or a budget cut the episode.
-- ``weight_versions`` lists the engine's weight version of each turn the sample trains; turns of
-  weights too old for the staleness policy are masked or abort the episode.
+- ``weight_versions`` lists, for each turn the sample trains, the weight version of each run of
+  its trained tokens (:mod:`slime_backend._sample_versions`); turns whose oldest run is too old
+  for the staleness policy are masked or abort the episode.
+- ``rollout_routed_experts``, with slime's routing replay on, is the routing the engine returned
+  for every token but the last (:mod:`slime_backend._routing_replay`); a sample without complete
+  routing is not trained (dropped, its reason in the episode's record), and left ``None`` when
+  replay is off.
 - ``metadata`` is the task payload verbatim plus our provenance under ``"agent_rl"``.
 
 An episode that yields nothing to train (aborted, or no generated token survived) still returns
@@ -27,7 +32,8 @@ and a missing episode shifts its fixed number of rollouts per training step. A g
 with nothing to train is recorded as what it is: status ``aborted`` (outside the GRPO baseline,
 like its placeholder), reason ``nothing_trainable: <kind>: ...`` (no model call, every call
 aborted, every sample dropped by the length limit, ...), its graded reward kept in the record and
-the app's own status in ``graded_status``.
+the app's own status in ``graded_status``. Under routing replay the placeholder carries filler
+routing rows: slime wants them on every sample of the batch.
 """
 
 from __future__ import annotations
@@ -53,10 +59,12 @@ from trajectory_tree import (
 )
 
 from ._episode import EpisodeOutcome, EpisodeStatus, JsonValue
-from ._gates import LENGTH_DROP, NOTHING_TRAINABLE, NOTHING_TRAINABLE_KINDS
+from ._gates import LENGTH_DROP, NOTHING_TRAINABLE, NOTHING_TRAINABLE_KINDS, ROUTING_MISSING
 from ._provenance import episode_record, sample_record
+from ._routing_replay import RoutingRefused, RoutingReplay, filler_rows, replay_rows
+from ._sample_versions import trained_versions, versions_record
 from ._slime_api import NAMESPACE
-from ._staleness import StalenessPolicy, weight_report
+from ._staleness import StalenessPolicy, WeightReport, weight_report
 from ._typed_config import FieldError
 
 PLACEHOLDER_TOKENS = (0, 0)
@@ -112,6 +120,7 @@ def episode_samples(
     sample_class: type[Any],
     decode: Callable[[Sequence[int]], str] | None = None,
     rollout: Mapping[str, JsonValue] | None = None,
+    replay: RoutingReplay | None = None,
 ) -> list[Any]:
     """The samples slime gets for one episode (never an empty list).
 
@@ -119,7 +128,8 @@ def episode_samples(
     ``sample_class`` is ``slime.utils.types.Sample`` (see :func:`slime_api.sample_class`) or a
     stand-in with the same fields. ``decode`` fills the human-readable ``response`` field.
     ``rollout`` is what the generate function knows about the run of the episode (worker,
-    engine failures, timing), stored with the episode's provenance.
+    engine failures, timing), stored with the episode's provenance. ``replay`` (slime's routing
+    replay shape, None when off) fills ``rollout_routed_experts`` and refuses samples without it.
     """
     rollout_id = check_base(base)
     graded = outcome.status
@@ -140,12 +150,15 @@ def episode_samples(
     aborted = outcome.status is EpisodeStatus.ABORTED
     emitted = () if aborted else linearization.samples
     regions = [(s, _response_region(s, weights.masked_turns)) for s in emitted]
-    kept = [(s, r) for s, r in regions if r.trained]
+    trainable = [(s, r) for s, r in regions if r.trained]
+    kept, refused = _with_routing(trainable, replay)
     if not aborted and not kept:  # graded, but nothing to train: say so, keep the reward
         outcome = EpisodeOutcome(
             outcome.reward,
             EpisodeStatus.ABORTED,
-            nothing_trainable_reason(summary, linearization),
+            routing_missing_reason(refused)
+            if trainable
+            else nothing_trainable_reason(summary, linearization),
             outcome.artifacts,
         )
     episode = episode_record(
@@ -155,10 +168,11 @@ def episode_samples(
         outcome,
         rollout_id=rollout_id,
         samples=len(kept),
-        trained_tokens=sum(r.trained for _, r in kept),
+        trained_tokens=sum(r.trained for _, r, _ in kept),
         extra={
             "graded_status": graded.value,
             "weights": weights.record(),
+            "routing": _routing_record(replay, refused),
             "rollout": dict(rollout or {}),
         },
     )
@@ -168,11 +182,67 @@ def episode_samples(
 
     if not kept:  # the newest version's turns are never stale: masking never empties all
         placeholder: dict[str, JsonValue] = {"placeholder": outcome.reason}
-        return [_placeholder(base, sample_class, rollout_id, metadata(placeholder))]
+        sample = _placeholder(base, sample_class, rollout_id, metadata(placeholder))
+        if replay is not None:
+            sample.rollout_routed_experts = filler_rows(len(sample.tokens), replay)
+        return [sample]
     return [
-        _slime_sample(tree, s, r, base, outcome, sample_class, rollout_id, metadata, decode)
-        for s, r in kept
+        _slime_sample(
+            tree, s, r, rows, weights, base, outcome, sample_class, rollout_id, metadata, decode
+        )
+        for s, r, rows in kept
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    sample: Sample
+    reason: str
+
+    def record(self) -> dict[str, JsonValue]:
+        return {
+            "position": self.sample.index,
+            "leaf_turn": self.sample.leaf_turn,
+            "reason": self.reason,
+        }
+
+
+def _with_routing(
+    samples: Sequence[tuple[Sample, _Region]], replay: RoutingReplay | None
+) -> tuple[list[tuple[Sample, _Region, Any]], list[_Refusal]]:
+    """The samples with their replay rows (None when replay is off), and those refused."""
+    if replay is None:
+        return [(s, r, None) for s, r in samples], []
+    kept: list[tuple[Sample, _Region, Any]] = []
+    refused: list[_Refusal] = []
+    for sample, region in samples:
+        try:
+            kept.append((sample, region, replay_rows(sample, replay)))
+        except RoutingRefused as exc:
+            refused.append(_Refusal(sample, str(exc)))
+    return kept, refused
+
+
+def _routing_record(replay: RoutingReplay | None, refused: Sequence[_Refusal]) -> JsonValue:
+    if replay is None:
+        return {"replay": False}
+    return {
+        "replay": True,
+        "layers": replay.layers,
+        "topk": replay.topk,
+        "refused": [r.record() for r in refused],
+    }
+
+
+def routing_missing_reason(refused: Sequence[_Refusal]) -> str:
+    """``nothing_trainable: routing_missing: ...`` for an episode whose every trainable sample
+    was refused for routing replay, naming the first refusal's missing rows."""
+    first = refused[0]
+    return (
+        f"{NOTHING_TRAINABLE}: {ROUTING_MISSING}: {NOTHING_TRAINABLE_KINDS[ROUTING_MISSING]} "
+        f"({len(refused)} samples; sample {first.sample.index} (leaf turn "
+        f"{first.sample.leaf_turn}): {first.reason})"
+    )
 
 
 def nothing_trainable_reason(summary: SessionSummary, linearization: Linearization) -> str:
@@ -222,6 +292,8 @@ def _slime_sample(
     tree: SessionTree,
     sample: Sample,
     region: _Region,
+    routed_experts: Any,
+    weights: WeightReport,
     base: Any,
     outcome: EpisodeOutcome,
     sample_class: type[Any],
@@ -234,6 +306,7 @@ def _slime_sample(
     trained_turns = [t for t in sample.trained_turns if t not in region.stale_turns]
     truncated_by = _truncated_by(tree, sample, trained_turns, outcome)
     status = sample_class.Status.TRUNCATED if truncated_by else sample_class.Status.COMPLETED
+    versions = trained_versions(tree, sample, region.stale_turns)
     return sample_class(
         group_index=base.group_index,
         index=base.index,
@@ -246,9 +319,8 @@ def _slime_sample(
         response_length=len(response),
         loss_mask=region.mask,
         rollout_log_probs=region.logprobs,
-        weight_versions=[
-            v for t in trained_turns if (v := tree.turns[t].weight_version) is not None
-        ],
+        weight_versions=versions,
+        rollout_routed_experts=routed_experts,
         reward=sample.reward,
         status=status,
         metadata=metadata(
@@ -257,6 +329,7 @@ def _slime_sample(
                 truncated_by=truncated_by,
                 stale_turns=region.stale_turns,
                 stale_tokens=region.stale_tokens,
+                versions=versions_record(versions, weights),
             )
         ),
     )

@@ -16,7 +16,10 @@ step still produces a loss. So every rollout batch is checked for these shares o
   episode's reason starts with ``environment``), the run that "trains" on nothing because
   its tasks never ran;
 - ``length_drops``: graded episodes the sample length limit left with nothing to train
-  (``length_mode = "drop"``): the policy's own doing, so counted apart from the faults.
+  (``length_mode = "drop"``): the policy's own doing, so counted apart from the faults;
+- ``routing_missing``: episodes with a sample refused for routing replay (slime's
+  ``--use-rollout-routing-replay`` on, and the engine returned no routing, or not for every
+  token): a run whose engine does not capture routing trains on nothing but says so here.
 
 A share above its limit trips the gate, and a tripped gate stops the step by default
 (``fail_step``; ``fail_step = false`` lowers it to an error in the log and a mark in the dump).
@@ -55,6 +58,7 @@ class GateConfig:
     max_abort_share: float = 0.2
     max_environment_abort_share: float = 0.5
     max_length_drop_share: float = 0.2
+    max_routing_missing_share: float = 0.2
     fail_step: bool = True
 
     def __post_init__(self) -> None:
@@ -66,6 +70,7 @@ class GateConfig:
             "max_abort_share",
             "max_environment_abort_share",
             "max_length_drop_share",
+            "max_routing_missing_share",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -82,6 +87,8 @@ class EpisodeHealth:
     malformed_tool_calls: int
     reason: str = ""
     """The episode's outcome reason (for an aborted one: why it has no reward)."""
+    routing_refused: int = 0
+    """Samples not trained because their routing could not be replayed."""
 
     @property
     def nothing_trainable(self) -> str | None:
@@ -133,12 +140,14 @@ NOTHING_TRAINABLE = "nothing_trainable"
 """The first word of the reason of a graded episode left with nothing to train; the second is
 its kind (:data:`NOTHING_TRAINABLE_KINDS`)."""
 LENGTH_DROP = "length_drop"
+ROUTING_MISSING = "routing_missing"
 NOTHING_TRAINABLE_KINDS = {
     "no_turns": "the agent made no model call",
     "nothing_generated": "the engine generated no token",
     "aborted_turns": "every model call was aborted",
     LENGTH_DROP: "every trained token was past the sample length limit",
     "excluded": "every generated token was excluded from training",
+    ROUTING_MISSING: "routing replay is on and no sample has routing for every token",
 }
 """Why a graded episode has nothing to train, by kind."""
 
@@ -259,6 +268,12 @@ def evaluate_gates(episodes: Iterable[EpisodeHealth], config: GateConfig) -> Gat
                 [e for e in everyone if e.length_dropped],
                 len(everyone),
                 config.max_length_drop_share,
+            ),
+            _result(
+                "routing_missing",
+                [e for e in everyone if e.routing_refused],
+                len(everyone),
+                config.max_routing_missing_share,
             ),
         )
     )

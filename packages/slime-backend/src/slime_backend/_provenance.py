@@ -66,9 +66,11 @@ def sample_record(
     truncated_by: str | None,
     stale_turns: frozenset[int] = frozenset(),
     stale_tokens: int = 0,
+    versions: dict[str, JsonValue] | None = None,
 ) -> dict[str, JsonValue]:
-    """Facts about one sample: its branch, its turns, and a reason count for every masked token
-    (``stale_turns`` were generated here but masked by the staleness policy)."""
+    """Facts about one sample: its branch, its turns, a reason count for every masked token
+    (``stale_turns`` were generated here but masked by the staleness policy), and the weight
+    versions of its trained tokens (:func:`slime_backend._sample_versions.versions_record`)."""
     trained = set(sample.trained_turns) - stale_turns
     context_turns = sorted(
         {s.turn for s in sample.spans if s.turn is not None and s.turn not in trained}
@@ -86,4 +88,5 @@ def sample_record(
         "trained_tokens": sample.trained_tokens - stale_tokens,
         "masked_tokens": dict(sorted(masked.items())),
         "truncated_by": truncated_by,
+        "versions": versions,
     }

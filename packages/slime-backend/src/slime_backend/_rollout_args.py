@@ -1,9 +1,11 @@
 """What the generate function reads from slime's ``args``, typed and checked once.
 
-slime hands every generate call its parsed namespace. The adapter needs five things from it
+slime hands every generate call its parsed namespace. The adapter needs six things from it
 (docs/slime-contract.md, section 2): the router to send ``/generate`` to, the checkpoint whose
 tokenizer and chat template the policy was trained with, SGLang's parser names for the policy's
-output format, and the rollout's context length. A missing or unusable value is a
+output format, the rollout's context length, and, when routing replay is on
+(``--use-rollout-routing-replay``), the model's ``--num-layers`` and ``--moe-router-topk``: the
+shape of the routing every engine call must capture. A missing or unusable value is a
 :class:`~slime_backend.ConfigError` naming ``args.<field>`` and the slime flag that
 sets it: the run is misconfigured, no episode can be trusted, so it fails loudly and at once.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._routing_replay import RoutingReplay
 from ._typed_config import ConfigError, FieldError
 
 ARGS_READ = (
@@ -22,6 +25,9 @@ ARGS_READ = (
     "sglang_tool_call_parser",
     "sglang_reasoning_parser",
     "rollout_max_context_len",
+    "use_rollout_routing_replay",
+    "num_layers",
+    "moe_router_topk",
 )
 """Every attribute of slime's ``args`` the generate function reads (besides ``agent_rl``)."""
 
@@ -72,6 +78,8 @@ class RolloutArgs:
     tool_call_parser: str
     reasoning_parser: str | None
     max_context_len: int | None
+    routing_replay: RoutingReplay | None = None
+    """The routing shape to capture and replay; None when replay is off."""
 
     @classmethod
     def from_args(cls, args: Any) -> RolloutArgs:
@@ -88,7 +96,8 @@ class RolloutArgs:
         except FieldError as exc:
             raise _error(f"sglang_{exc.path}", exc.message) from None
         assert tool is not None  # checked above
-        return cls(checkpoint, f"http://{ip}:{port}", tool, reasoning, context)
+        replay = _routing_replay(args)
+        return cls(checkpoint, f"http://{ip}:{port}", tool, reasoning, context, replay)
 
     def parser_config(self) -> Any:
         """The adapters' :class:`~protocol_adapters.ParserConfig` for these names."""
@@ -101,6 +110,17 @@ class RolloutArgs:
             reasoning=reasoning is not None,
             starts_in_reasoning=reasoning is not None and REASONING_PARSERS[reasoning],
         )
+
+
+def _routing_replay(args: Any) -> RoutingReplay | None:
+    if not getattr(args, "use_rollout_routing_replay", False):
+        return None
+    layers = _required(args, "num_layers", int)
+    topk = _required(args, "moe_router_topk", int)
+    try:
+        return RoutingReplay(layers, topk)
+    except FieldError as exc:
+        raise _error(exc.path, f"{exc.message} (--use-rollout-routing-replay is on)") from None
 
 
 def _required(args: Any, name: str, kind: type) -> Any:

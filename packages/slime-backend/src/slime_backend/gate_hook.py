@@ -7,6 +7,9 @@ a list of samples. Its return value is ignored. That placement is why the gates 
 in the reward hook: the report written into each sample's ``metadata["agent_rl"]["gates"]`` is in
 the dump a researcher opens.
 
+The same pass reports the batch's weight-version metrics (:mod:`slime_backend._version_metrics`)
+in the log and in each sample's ``metadata["agent_rl"]["weight_versions"]``.
+
 A tripped gate raises :class:`SilentFailureAlarm` out of slime's rollout function, which fails
 the step and stops the run (``gates.fail_step``, on by default); with ``fail_step = false`` it is
 an error in the log and a mark in the dump, and the step trains. Limits come from
@@ -24,6 +27,7 @@ from ._episode import EpisodeStatus
 from ._gates import EpisodeHealth, SilentFailureAlarm, evaluate_gates
 from ._settings import BackendSettings
 from ._slime_api import NAMESPACE, episode_key
+from ._version_metrics import version_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +56,20 @@ def check_rollout_batch(args: Any, data: list[Any]) -> None:
                 tool_calls=record["tool_calls"],
                 malformed_tool_calls=record["malformed_tool_calls"],
                 reason=str(record.get("reason") or ""),
+                routing_refused=len((record.get("routing") or {}).get("refused") or ()),
             ),
         )
+    versions = version_metrics(
+        s.metadata[NAMESPACE]["sample"].get("versions")
+        for s in samples
+        if "placeholder" not in s.metadata[NAMESPACE]["sample"]
+    ).as_dict()
+    logger.info("agent-rl weight versions of %d samples: %s", len(samples), versions)
     report = evaluate_gates(episodes.values(), config)
     marks = report.as_dict()
     for sample in samples:
         sample.metadata[NAMESPACE]["gates"] = marks
+        sample.metadata[NAMESPACE]["weight_versions"] = versions
     if report.tripped:
         logger.error(
             "agent-rl SILENT-FAILURE GATE TRIPPED (%d episodes): %s",

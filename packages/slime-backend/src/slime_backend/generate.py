@@ -21,7 +21,9 @@ keyword is passed because the signature names it). Each call:
    with ``sample.session_id`` as the engine's routing key (a fresh one for evaluation samples,
    which slime leaves without);
 3. converts the session tree into samples off the event loop (a million-token episode takes
-   ~0.1 s to convert), with the staleness policy applied to weight versions.
+   ~0.1 s to convert), with the staleness policy applied to weight versions and, when slime
+   replays routing (``--use-rollout-routing-replay``), each training sample's routing rows
+   (evaluation samples are never trained: they carry none).
 
 It always returns a non-empty ``list``: an aborted episode (whatever the fault) is one
 ``ABORTED`` placeholder whose metadata says why. An evaluation episode returns exactly one
@@ -47,6 +49,7 @@ from ._episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_epi
 from ._fan_out import check_slime_args
 from ._ray_workers import RayWorkerPool
 from ._rollout_args import RolloutArgs
+from ._routing_replay import RoutingReplay
 from ._runtime import AdapterRuntime, RuntimeSetup, load_checkpoint_off_loop
 from ._sampling import rollout_sampling
 from ._settings import BackendSettings
@@ -96,7 +99,10 @@ class SlimeGenerate:
         if evaluation:
             options = dataclasses.replace(options, reward_policy=RewardPolicy.FINAL_BRANCH)
         rollout = {**report.facts, "run_s": round(time.perf_counter() - started, 3)}
-        return await asyncio.to_thread(self._samples, report, sample, options, checkpoint, rollout)
+        replay = None if evaluation else setup.args.routing_replay
+        return await asyncio.to_thread(
+            self._samples, report, sample, options, checkpoint, rollout, replay
+        )
 
     @property
     def pool(self) -> RayWorkerPool | None:
@@ -166,6 +172,7 @@ class SlimeGenerate:
         options: ConversionOptions,
         checkpoint: Checkpoint,
         rollout: Mapping[str, JsonValue],
+        replay: RoutingReplay | None,
     ) -> list[Any]:
         cls = self._sample_class or slime_sample_class()
         decode = checkpoint.vocabulary.decode
@@ -179,6 +186,7 @@ class SlimeGenerate:
                 sample_class=cls,
                 decode=decode,
                 rollout=rollout,
+                replay=replay,
             )
         except ConversionError as exc:
             logger.error("agent-rl episode %s not convertible: %s", sample.session_id, exc)
@@ -190,6 +198,7 @@ class SlimeGenerate:
                 options,
                 sample_class=cls,
                 rollout=rollout,
+                replay=replay,
             )
         # One record object is shared by the episode's samples: time the conversion into it.
         samples[0].metadata[NAMESPACE]["episode"]["rollout"]["convert_s"] = round(

@@ -57,7 +57,8 @@ class StandInSample:
     rollout_log_probs: list[float] | None = None
     rollout_top_p_token_ids: list[int] | None = None
     rollout_top_p_token_offsets: list[int] | None = None
-    rollout_routed_experts: list[list[int]] | None = None
+    rollout_routed_experts: Any = None
+    """slime types it ``list[list[int]] | torch.Tensor``; ours are numpy int32 arrays."""
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None
 
