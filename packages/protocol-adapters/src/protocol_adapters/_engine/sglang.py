@@ -17,6 +17,9 @@ dropped connection, malformed stream, the caller's task cancelled, a stream left
 sent to ``/abort_request``: shielded from further cancellation, bounded by ``abort_timeout``,
 failures logged and swallowed. An orphaned generation keeps a GPU slot busy and can crash SGLang
 when the trainer takes the memory back.
+
+An answer or stream event over ``STEP_CHARS`` (MoE routing makes them hundreds of MB) is parsed
+and validated on a worker thread, its long strings a slice at a time.
 """
 
 from __future__ import annotations
