@@ -406,3 +406,26 @@ async def stream_text(stack: LocalStack, dialect: Dialect, token: str, body: Any
 def sse_json(text: str) -> list[dict[str, Any]]:
     lines = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
     return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_engine_aborted_partial_turn_keeps_its_routing(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, stream: bool
+) -> None:
+    cut = ScriptedReply(text="I will now edit the file and then", finish="abort")
+    async with local_stack(
+        [cut, ScriptedReply(text="Done.")],
+        tokenizer_cache=tokenizer_cache,
+        vocabulary=qwen_vocabulary,
+        config=CAPTURE,
+    ) as stack:
+        session = stack.server.sessions.open("aborted")
+        async with anthropic_client(stack, session.token) as api:
+            with pytest.raises(anthropic.APIStatusError):
+                await ask(api, [{"role": "user", "content": "Edit."}], stream=stream)
+            await ask(api, [{"role": "user", "content": "Edit."}], stream=stream)
+        aborted, retry = session.tree.turns
+        assert aborted.finish_reason is FinishReason.ABORT
+        assert aborted.output_length > 0
+        assert_turn_routing(stack.double, session.tree, aborted, 0)
+        assert_turn_routing(stack.double, session.tree, retry, 0)
