@@ -19,7 +19,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from protocol_adapters._server.config import AdapterConfig, RoutingCapture
+from protocol_adapters import AdapterConfig, RoutingCapture
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import Faults, Malformation, ScriptedReply
 from protocol_adapters.testing.engine_double import EngineDouble, ReceivedRequest

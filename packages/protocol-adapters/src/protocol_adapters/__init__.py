@@ -35,7 +35,12 @@ if TYPE_CHECKING:
     from protocol_adapters._rendering.template import ChatTemplate, qwen3_template
     from protocol_adapters._rendering.verdict import TemplateMode, TemplateRefused
     from protocol_adapters._serve import serve
-    from protocol_adapters._server.config import AdapterConfig, AdminConfig, RolloutSampling
+    from protocol_adapters._server.config import (
+        AdapterConfig,
+        AdminConfig,
+        RolloutSampling,
+        RoutingCapture,
+    )
     from protocol_adapters._server.ports import reply_parsers
     from protocol_adapters._server.runner import AdapterServer
     from protocol_adapters._server.sessions import ContextTooLarge, Session, SessionLimits
@@ -66,6 +71,7 @@ __all__ = [
     "Renderer",
     "RendererConfig",
     "RolloutSampling",
+    "RoutingCapture",
     "SGLangConfig",
     "SGLangEngine",
     "SamplingParams",
@@ -101,7 +107,12 @@ _HOMES = {
     "protocol_adapters._rendering.renderer": ("Renderer", "RendererConfig"),
     "protocol_adapters._rendering.template": ("ChatTemplate", "qwen3_template"),
     "protocol_adapters._rendering.verdict": ("TemplateMode", "TemplateRefused"),
-    "protocol_adapters._server.config": ("AdapterConfig", "AdminConfig", "RolloutSampling"),
+    "protocol_adapters._server.config": (
+        "AdapterConfig",
+        "AdminConfig",
+        "RolloutSampling",
+        "RoutingCapture",
+    ),
     "protocol_adapters._server.ports": ("reply_parsers",),
     "protocol_adapters._server.runner": ("AdapterServer",),
     "protocol_adapters._server.sessions": ("ContextTooLarge", "Session", "SessionLimits"),
