@@ -3,8 +3,10 @@
 The order matters for faithfulness: route in the tree, render only what the tree does not already
 hold (off the event loop), refuse prompts over the context limit with the error that makes
 clients compact, generate from ids, parse the output for the client, and record exactly the ids
-sent and received. A generation cut short by a client disconnect is still recorded (as aborted,
-never trained) so nothing the engine produced disappears without a trace.
+sent and received, with the weight version of every output token and, when capturing, the MoE
+routing of every position the call asked for (only positions its branch has none for yet). A
+generation cut short by a client disconnect is still recorded (as aborted, never trained) so
+nothing the engine produced disappears without a trace.
 
 A generation the engine itself aborted (SGLang aborts every running request before a weight
 update) is recorded the same way, and the client gets a retryable error in its dialect instead of
