@@ -155,18 +155,28 @@ async def scripted_episode(
     The task payload steers it: ``reward`` is the graded outcome; ``subagent`` also runs a
     sub-agent conversation (a second branch, so a second sample); ``raise`` raises; ``hang``
     never returns after its first model call; ``sleep_s`` waits before grading;
-    ``tolerate_errors`` stops at a failed model call and is graded anyway, as a CLI would be.
+    ``tolerate_errors`` stops at a failed model call and is graded anyway, as a CLI would be;
+    ``retries`` retries a failed call that many times, as the agent CLIs do: the SDK retries an
+    error status (an engine abort before any token is a 529), and a streamed call (``stream``)
+    cut by an ``overloaded_error`` event (an engine abort mid-reply) is asked again.
     """
-    client = anthropic_client().with_options(base_url=session.base_url, api_key=session.token)
+    retries = task.get("retries", 0)
+    assert isinstance(retries, int)
+    client = anthropic_client().with_options(
+        base_url=session.base_url, api_key=session.token, max_retries=retries
+    )
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in a.py."}]
     tool_calls = 0
     for _ in range(budgets.max_turns):
         try:
-            reply = await client.messages.create(
+            reply = await _ask(
+                client,
+                bool(task.get("stream")),
+                retries,
                 model="policy",
                 system=MAIN_SYSTEM,
-                messages=messages,  # type: ignore[arg-type]
-                tools=[TOOL],  # type: ignore[list-item]
+                messages=messages,
+                tools=[TOOL],
                 max_tokens=budgets.max_new_tokens,
                 extra_body={"temperature": 0.3},  # the rollout's temperature must win
             )
@@ -205,6 +215,25 @@ async def scripted_episode(
     reward = task.get("reward", 0.0)
     assert isinstance(reward, int | float)
     return EpisodeOutcome(float(reward), artifacts={"tool_calls": tool_calls})
+
+
+async def _ask(
+    client: anthropic.AsyncAnthropic, stream: bool, retries: int, **request: Any
+) -> anthropic.types.Message:
+    if not stream:
+        reply: anthropic.types.Message = await client.messages.create(**request)
+        return reply
+    for attempt in range(retries + 1):
+        try:
+            async with client.messages.stream(**request) as streaming:
+                return await streaming.get_final_message()
+        except anthropic.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body.get("error")
+            overloaded = isinstance(error, dict) and error.get("type") == "overloaded_error"
+            if attempt == retries or not overloaded:
+                raise
+    raise AssertionError("unreachable")
 
 
 def engine_outputs(

@@ -10,6 +10,8 @@ slime calls the generate function once per sample, concurrently, on one event lo
 - one adapter server per distinct rollout sampling (:mod:`slime_backend._sampling`): the rollout's
   settings win over the client's, and they are the adapter's configuration. A training run has
   one; an evaluation dataset with its own temperature gets its own listener, sharing the rest.
+  With slime's routing replay on, every adapter captures MoE routing on every engine call
+  (``RoutingCapture`` of the model's ``--num-layers`` x ``--moe-router-topk``).
 
 Everything starts lazily under a lock, so concurrent first calls start it once. A start that
 fails because the engine cannot be reached raises :class:`EngineUnavailable` (that episode is
@@ -38,6 +40,7 @@ from protocol_adapters import (
     Renderer,
     RendererConfig,
     RolloutSampling,
+    RoutingCapture,
     SessionLimits,
     SGLangConfig,
     SGLangEngine,
@@ -130,6 +133,7 @@ class AdapterRuntime:
             self._engine = SGLangEngine(engine_config(args, settings))
             self._tap = EngineTap(self._engine)
             atexit.register(self._close_at_exit)
+        replay = args.routing_replay
         config = AdapterConfig(
             host=settings.adapter.host,
             port=settings.adapter.port,
@@ -138,6 +142,7 @@ class AdapterRuntime:
             limits=SessionLimits(
                 max_turns=settings.episode.max_turns, context_tokens=args.max_context_len
             ),
+            routing=None if replay is None else RoutingCapture(replay.layers, replay.topk),
         )
         try:
             renderer = Renderer(
