@@ -90,7 +90,14 @@ def int32_ids(value: object) -> array[int]:
 def _from_base64(text: str) -> array[int]:
     if len(text) % 4:
         raise ValueError(f"meta_info.routed_experts is not base64: {len(text)} characters")
-    packed: array[int] = array("i")
+    size = len(text) // 4 * 3 - len(text[-2:]) + len(text[-2:].rstrip("="))
+    if size % 4:
+        raise ValueError(f"meta_info.routed_experts decodes to {size} bytes, not whole int32s")
+    # Allocated once at its exact size: appending slice by slice over-allocates by 1/16 (13 MB
+    # more for 100k positions of a 64x8 model), and the array lives as long as the session.
+    packed: array[int] = array("i", [0]) * (size // 4)
+    view = memoryview(packed).cast("B")
+    filled = 0
     for at in range(0, len(text), STEP_CHARS):
         piece = text[at : at + STEP_CHARS]
         if at + STEP_CHARS < len(text) and "=" in piece:
@@ -106,7 +113,13 @@ def _from_base64(text: str) -> array[int]:
             )
         if raw[3::4].translate(None, _SIGN_CLEAR):  # the top byte of each little-endian id
             raise ValueError("meta_info.routed_experts holds a negative expert id")
-        packed.frombytes(raw)
+        if filled + len(raw) > size:
+            raise ValueError("meta_info.routed_experts is not base64: padding inside the text")
+        view[filled : filled + len(raw)] = raw
+        filled += len(raw)
+    view.release()  # an exported buffer would pin the array's size for good
+    if filled != size:
+        raise ValueError("meta_info.routed_experts is not base64: padding inside the text")
     if sys.byteorder == "big":
         packed.byteswap()
     return packed

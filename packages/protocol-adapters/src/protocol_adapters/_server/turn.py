@@ -62,7 +62,6 @@ from trajectory_tree import (
 from .config import AdapterConfig, RolloutSampling
 from .logprobs import token_logprobs
 from .ports import ParserFactory, PromptRenderer, RenderedPrompt
-from .routing_start import routing_start
 from .sessions import Session
 from .shortened import HISTORY_DROPPED, Refused, dropped_history
 from .side_requests import side_request
@@ -281,7 +280,12 @@ class TurnRunner:
             top_logprobs=client.top_logprobs if client.logprobs else 0,
             routed_experts=None
             if capture is None
-            else RoutingAsk(routing_start(route, rendered), capture.layers, capture.topk),
+            else RoutingAsk(
+                # Past the rows the branch holds; 0 on a full prompt's new lineage.
+                route.tree.routing_start(route, rendered.prompt),
+                capture.layers,
+                capture.topk,
+            ),
         )
         side = side_request(self._config.side_requests, request)
         if side is not None:

@@ -1,16 +1,13 @@
 """Where a call asks routing from agrees with where the tree records it: a prompt the tree puts
 below the route's anchor asks only past the branch's routed prefix, one it starts a lineage with
-at the root asks from 0."""
+at the root asks from 0 (and the sample it ends then has no gap)."""
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import pytest
 
-from protocol_adapters._server.routing_start import routing_start
 from trajectory_tree import (
     BridgedPrompt,
     Completion,
@@ -22,14 +19,6 @@ from trajectory_tree import (
     SessionTree,
     linearize,
 )
-
-
-@dataclass(frozen=True)
-class Rendered:
-    ids: Sequence[int]
-    prompt: BridgedPrompt | FullPrompt
-    notes: Mapping[str, str] = field(default_factory=dict)
-
 
 USER = Message.text("user", "a")
 REPLY = Message.text("assistant", "x")
@@ -61,21 +50,20 @@ def test_a_full_prompt_asks_from_where_the_tree_will_attach_it(
 ) -> None:
     tree = first_turn()
     route = tree.route(Prompt(messages))
-    rendered = Rendered(ids, FullPrompt(ids, 1, "test"))
-    start = routing_start(route, rendered)
+    prompt = FullPrompt(ids, 1, "test")
+    start = tree.routing_start(route, prompt)
     assert start == (5 if below_anchor else 0)
     # One output token: the engine returns rows from ``start`` to the end of the prompt.
     routing = RoutedExperts(start, 1, 1, array("i", range(len(ids) - start)))
     completion = Completion([7], [-0.1], FinishReason.STOP, routed_experts=routing)
-    turn = tree.record(route, rendered.prompt, completion, REPLY)
+    turn = tree.record(route, prompt, completion, REPLY)
     assert (turn.rerendered is None) == below_anchor
     (sample,) = [s for s in linearize(tree).samples if s.leaf_turn == turn.id]
     assert sample.routing is not None
     assert sample.routing.gaps == ()
 
 
-def test_a_bridged_prompt_asks_past_the_routed_prefix_and_never_past_its_own_end() -> None:
+def test_a_bridged_prompt_asks_past_the_routed_prefix() -> None:
     tree = first_turn()
     route = tree.route(Prompt((USER, REPLY, MORE)))
-    assert routing_start(route, Rendered([1, 2, 3, 9, 5, 6, 7, 9], BridgedPrompt((), [9]))) == 5
-    assert routing_start(route, Rendered([1, 2, 3], BridgedPrompt((), [9]))) == 3
+    assert tree.routing_start(route, BridgedPrompt((), [9])) == 5
