@@ -161,5 +161,8 @@ async def test_through_the_adapter_a_stalled_loop_is_no_529(
             )
         for client in clients:
             await client.close()
-    assert len(stalls) >= 2  # new connections to the engine (one pooled one may be reused)
+    # At least one new connection to the engine stalled the loop right after its connect (the
+    # pool may hand the other calls a connection an earlier call freed: on a loaded machine the
+    # three calls need not overlap), and no call got a 529.
+    assert stalls
     assert [reply.content[0].text for reply in replies] == [REPLY.text] * 3  # type: ignore[union-attr]
