@@ -12,12 +12,10 @@ A synthetic 64-layer top-8 MoE model: every position the engine computes has one
    ~500 tokens each (a ~400-token tool result, ~100 generated tokens, 13 tokens of scaffold), the
    same calls recorded into two trees side by side in one run, alternating which goes first: one
    without routing (``route`` + ``Completion`` + ``record``) and one with it (``routed_prefix``,
-   ``base64.b64decode``, ``array.frombytes``, ``RoutedExperts``, ``route`` + ``record`` with
-   it). CPU time of this thread (``time.thread_time_ns``), so other processes' load skews it
-   less than wall time. Making the engine's base64 answer is not timed. The ``min()`` scan that
-   ``RoutedExperts`` validates with is also timed alone on the same array (a diagnostic, not part
-   of the totals), next to a C-speed sign-byte test of the same bytes and to protocol-adapters'
-   own decoder of the same text (``int32_ids``: base64 in slices, validated, signs checked).
+   protocol-adapters' decoder ``int32_ids`` as the adapter runs it on every answer: base64 in
+   slices into an exactly sized array, validated, signs checked; ``RoutedExperts``; ``route`` +
+   ``record`` with it). CPU time of this thread (``time.thread_time_ns``), so other processes'
+   load skews it less than wall time. Making the engine's base64 answer is not timed.
 2. **Memory.** The same sessions built again, one tree at a time, under ``tracemalloc``: what
    dropping the tree frees, with and without routing, against the theoretical
    tokens x 512 x 4 bytes (204.8 MB per 100k tokens).
@@ -252,17 +250,11 @@ class CaptureCosts:
     """route + Completion + record, no routing."""
     prefix: list[int] = field(default_factory=list)
     decode: list[int] = field(default_factory=list)
-    frombytes: list[int] = field(default_factory=list)
+    """protocol-adapters' ``int32_ids`` of the answer's base64."""
     experts: list[int] = field(default_factory=list)
     """``RoutedExperts(...)``: its validation."""
     routed_record: list[int] = field(default_factory=list)
     """route + Completion + record, with routing."""
-    min_scan: list[int] = field(default_factory=list)
-    """Diagnostic: ``min()`` over the same array alone (RoutedExperts' negative-id test)."""
-    sign_scan: list[int] = field(default_factory=list)
-    """Diagnostic: the sign bytes of the decoded bytes tested at C speed (same answer)."""
-    adapter_decode: list[int] = field(default_factory=list)
-    """Diagnostic: protocol-adapters' own decoder of the same wire text (``int32_ids``)."""
     rows: list[int] = field(default_factory=list)
     wire_bytes: list[int] = field(default_factory=list)
 
@@ -272,7 +264,6 @@ class CaptureCosts:
             for parts in zip(
                 self.prefix,
                 self.decode,
-                self.frombytes,
                 self.experts,
                 self.routed_record,
                 strict=True,
@@ -324,12 +315,7 @@ def record_routed(
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
     t3 = clock()
-    raw = base64.b64decode(wire)
-    t4 = clock()
-    experts: array[int] = array("i")
-    experts.frombytes(raw)
-    if sys.byteorder == "big":  # pragma: no cover - the wire is little-endian
-        experts.byteswap()
+    experts = int32_ids(wire)
     t5 = clock()
     routing = RoutedExperts(start, LAYERS, TOPK, experts)
     t6 = clock()
@@ -344,22 +330,11 @@ def record_routed(
         raise BenchError(f"recorded a prompt of {turn.prompt_length}, not {prompt_length}")
     if costs is not None:
         costs.prefix.append(t2 - t1)
-        costs.decode.append(t4 - t3)
-        costs.frombytes.append(t5 - t4)
+        costs.decode.append(t5 - t3)
         costs.experts.append(t6 - t5)
         costs.routed_record.append((t1 - t0) + (t7 - t6))
         costs.rows.append(routing.rows)
         costs.wire_bytes.append(len(wire))
-        t8 = clock()
-        min(experts)
-        t9 = clock()
-        raw[3::4].isascii()  # every little-endian int32's sign byte below 0x80: none negative
-        t10 = clock()
-        int32_ids(wire)
-        t11 = clock()
-        costs.min_scan.append(t9 - t8)
-        costs.sign_scan.append(t10 - t9)
-        costs.adapter_decode.append(t11 - t10)
     return prompt_length
 
 
@@ -628,8 +603,7 @@ def capture_table(result: SideBySide) -> Table:
         caption=(
             f"rows per turn: median {statistics.median(costs.rows):,.0f} (first turn "
             f"{costs.rows[0]:,}); base64 per turn: median "
-            f"{statistics.median(costs.wire_bytes) / 1e6:.2f} MB.\n"
-            "Rows marked * are diagnostics timed apart on the same data, not part of any total."
+            f"{statistics.median(costs.wire_bytes) / 1e6:.2f} MB."
         ),
         caption_justify="left",
     )
@@ -639,14 +613,10 @@ def capture_table(result: SideBySide) -> Table:
     rows: list[tuple[str, list[int], bool]] = [
         ("no routing: route + record", costs.plain, True),
         ("with routing: routed_prefix", costs.prefix, False),
-        ("  base64.b64decode", costs.decode, False),
-        ("  array.frombytes", costs.frombytes, False),
+        ("  int32_ids (the adapter's decoder)", costs.decode, False),
         ("  RoutedExperts(...)", costs.experts, False),
         ("  route + record", costs.routed_record, False),
         ("with routing: total", costs.routed_total(), True),
-        ("* min() over the ids (RoutedExperts' check)", costs.min_scan, False),
-        ("* sign bytes .isascii() (same answer)", costs.sign_scan, False),
-        ("* protocol-adapters int32_ids(wire)", costs.adapter_decode, False),
     ]
     for label, values, ratio in rows:
         mean, p50, p99 = _ms(values)
