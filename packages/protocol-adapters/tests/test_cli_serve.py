@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import anthropic
+import pytest
 
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble, ScriptedReply
@@ -128,3 +130,63 @@ async def test_serve_refuses_a_context_larger_than_the_engines(
     assert "refusing to start" in message
     assert "16384" in message
     assert "8192" in message
+
+
+async def test_serve_captures_routing_and_hands_it_out_with_the_tree(
+    tmp_path: Path, tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN)
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    script = [ScriptedReply(text="Routed.")]
+    async with EngineDouble(VocabularyTokenizer(qwen_vocabulary), script) as double:
+        command = serve_command(
+            double.url,
+            tokenizer_cache,
+            "--admin-token-file",
+            str(admin_file),
+            "--admin-port",
+            "0",
+            "--routed-experts",
+            f"{double.routed_layers}x{double.routed_topk}",
+        )
+        async with serving(command) as (url, admin_url, _), aiohttp.ClientSession() as http:
+            sessions = f"{admin_url}/admin/sessions"
+            async with http.post(sessions, json={}, headers=admin) as r:
+                token = (await r.json())["token"]
+            api = anthropic.AsyncAnthropic(base_url=url, api_key=token, max_retries=0)
+            await api.messages.create(
+                model="policy", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+            )
+            await api.close()
+            async with http.delete(f"{sessions}/{token}?routing=1", headers=admin) as r:
+                body = await r.read()
+                split = int(r.headers["Tree-Json-Bytes"])
+    tree = loads(body[:split].decode(), routing=body[split:])
+    (turn,) = tree.turns
+    assert double.requests[0].routed_experts_start_len == 0
+    assert turn.routed_experts is not None
+    sequence = [*tree.prompt_ids(turn), *tree.output_ids(turn)]
+    assert turn.routed_experts.experts == double.expected_routing(sequence, 0)
+
+
+@pytest.mark.parametrize("shape", ["48", "0x8", "48x", "axb"])
+def test_serve_refuses_a_routing_shape_that_is_not_one(shape: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "protocol_adapters",
+            "serve",
+            "--engine-url",
+            "http://x",
+            "--routed-experts",
+            shape,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "expected LAYERSxTOPK" in done.stderr

@@ -20,11 +20,13 @@ import anthropic
 import pytest
 
 from protocol_adapters import AdapterConfig, RoutingCapture
+from protocol_adapters._server.admin import TREE_JSON_BYTES
+from protocol_adapters._server.config import AdminConfig
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import Faults, Malformation, ScriptedReply
 from protocol_adapters.testing.engine_double import EngineDouble, ReceivedRequest
 from protocol_adapters.testing.stack import LocalStack, local_stack
-from trajectory_tree import FinishReason, LossReason, SessionTree, Turn, linearize
+from trajectory_tree import FinishReason, LossReason, SessionTree, Turn, linearize, loads
 
 from .server_checks import assert_engine_tokens_trained
 from .server_clients import (
@@ -429,3 +431,47 @@ async def test_an_engine_aborted_partial_turn_keeps_its_routing(
         assert aborted.output_length > 0
         assert_turn_routing(stack.double, session.tree, aborted, 0)
         assert_turn_routing(stack.double, session.tree, retry, 0)
+
+
+async def test_the_admin_api_hands_out_routing_with_the_tree(
+    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
+) -> None:
+    """A rollout worker in another process gets the tree and its sidecar from one snapshot."""
+    admin = AdminConfig(token="admin-routing")
+    bearer = {"Authorization": f"Bearer {admin.token}"}
+    config = AdapterConfig(routing=CAPTURE.routing, admin=admin)
+    async with (
+        local_stack(
+            Script(qwen_vocabulary),
+            tokenizer_cache=tokenizer_cache,
+            vocabulary=qwen_vocabulary,
+            config=config,
+        ) as stack,
+        aiohttp.ClientSession() as http,
+    ):
+        url = f"{stack.server.admin_url}/admin/sessions"
+        async with http.post(url, json={}, headers=bearer) as opened:
+            token = (await opened.json())["token"]
+        async with anthropic_client(stack, token) as api:
+            first = await ask(api, [{"role": "user", "content": "Hi."}], stream=False)
+            await ask(
+                api,
+                [{"role": "user", "content": "Hi."}, echoed(first), result_of(first, "a.py")],
+                stream=True,
+            )
+        async with http.get(f"{url}/{token}/tree?routing=2", headers=bearer) as bad:
+            assert bad.status == 400
+        async with http.get(f"{url}/{token}/tree", headers=bearer) as plain:
+            assert plain.content_type == "application/json"
+            without = loads(await plain.text())
+        async with http.delete(f"{url}/{token}?routing=1", headers=bearer) as closed:
+            assert closed.status == 200
+            assert closed.content_type == "application/octet-stream"
+            body = await closed.read()
+            split = int(closed.headers[TREE_JSON_BYTES])
+    tree = loads(body[:split].decode(), routing=body[split:])
+    assert len(tree.turns) == 2
+    assert all(turn.routed_experts is not None for turn in tree.turns)
+    assert_samples_routed(stack.double, tree)
+    # The JSON alone names the routing but cannot carry it: nothing is made up without it.
+    assert all(turn.routed_experts is None for turn in without.turns)

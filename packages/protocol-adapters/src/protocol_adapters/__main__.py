@@ -29,7 +29,12 @@ from protocol_adapters._rendering.audit import audit_source
 from protocol_adapters._rendering.renderer import Renderer, RendererConfig
 from protocol_adapters._rendering.template import ChatTemplate, TemplateError, qwen3_template
 from protocol_adapters._rendering.verdict import TemplateMode, TemplateRefused, Verdict
-from protocol_adapters._server.config import AdapterConfig, AdminConfig, RolloutSampling
+from protocol_adapters._server.config import (
+    AdapterConfig,
+    AdminConfig,
+    RolloutSampling,
+    RoutingCapture,
+)
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
 from protocol_adapters._server.sessions import ContextTooLarge, SessionLimits
@@ -116,6 +121,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--admin-token-file", type=Path, help="file holding the admin API token (enables it)"
     )
+    serve.add_argument(
+        "--routed-experts",
+        type=_routing_shape,
+        default=None,
+        metavar="LAYERSxTOPK",
+        help="capture MoE routing for replay, e.g. 48x8 (the engine needs "
+        "--enable-return-routed-experts; the admin API hands it out with ?routing=1)",
+    )
     serve.add_argument("--admin-host", default="127.0.0.1", help="the admin API's own address")
     serve.add_argument("--admin-port", type=int, default=8401, help="the admin API's own port")
     check = sub.add_parser(
@@ -177,6 +190,18 @@ def _policy(args: argparse.Namespace) -> tuple[Vocabulary, ChatTemplate]:
     return vocabulary, ChatTemplate(template.name, template.source, variables)
 
 
+def _routing_shape(text: str) -> RoutingCapture:
+    layers, x, topk = text.lower().partition("x")
+    try:
+        if not x:
+            raise ValueError(text)
+        return RoutingCapture(int(layers), int(topk))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected LAYERSxTOPK with both at least 1 (e.g. 48x8), got {text!r}"
+        ) from None
+
+
 def _renderer(args: argparse.Namespace) -> tuple[Vocabulary, Renderer]:
     """Load the policy and audit its template (off the event loop: both take a while)."""
     vocabulary, template = _policy(args)
@@ -201,6 +226,7 @@ async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
         client_sampling_wins=args.client_sampling_wins,
         limits=SessionLimits(max_turns=args.max_turns, context_tokens=args.context_tokens),
         admin=admin,
+        routing=args.routed_experts,
     )
     parsers = reply_parsers(ParserConfig(tool_format=ToolCallFormat(args.tool_format)))
     stop = asyncio.Event()

@@ -8,6 +8,11 @@ a bearer token; session tokens are credentials for one session's model calls and
 
 Closing a session serializes its tree *before* forgetting it: if anything went wrong on the way,
 the session would still be there to be read or closed again, never lost with its turns.
+
+A tree with MoE routing points into a binary sidecar (``trajectory_tree.dump_routing``) its JSON
+does not hold. Asked with ``?routing=1``, the tree and close calls answer both from one
+snapshot: ``application/octet-stream``, the JSON's UTF-8 first, its length in the
+``Tree-Json-Bytes`` header, the sidecar after it.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from protocol_adapters._types import AdapterError
 
 from .config import AdminConfig
 from .sessions import Session, SessionLimits, SessionRegistry
-from .tree_json import tree_json
+from .tree_json import tree_json, tree_with_routing
 
 log = logging.getLogger(__name__)
+
+TREE_JSON_BYTES = "Tree-Json-Bytes"
+"""The header giving the JSON's length in a ``?routing=1`` answer; the sidecar follows it."""
 
 StopSession = Callable[[Session], Awaitable[None]]
 """Refuses a session's new calls, aborts its generations, waits until its tree is final."""
@@ -44,7 +52,16 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-async def _tree_json(session: Session) -> web.Response:
+async def _tree_answer(session: Session, request: web.Request) -> web.Response:
+    if request.query.get("routing") not in (None, "0", "1"):
+        raise ValueError("routing must be 0 or 1")
+    if request.query.get("routing") == "1":
+        document, sidecar = await tree_with_routing(session.tree)
+        return web.Response(
+            body=document + sidecar,
+            content_type="application/octet-stream",
+            headers={TREE_JSON_BYTES: str(len(document))},
+        )
     return web.Response(text=await tree_json(session.tree), content_type="application/json")
 
 
@@ -105,15 +122,20 @@ def create_admin_app(
         session = open_one(request)
         if session is None:
             return _error(404, "no open session with this token")
-        return await _tree_json(session)
+        try:
+            return await _tree_answer(session, request)
+        except ValueError as exc:
+            return _error(400, str(exc))
 
     async def close_session(request: web.Request) -> web.StreamResponse:
         session = open_one(request)
         if session is None:
             return _error(404, "no open session with this token")
+        if request.query.get("routing") not in (None, "0", "1"):
+            return _error(400, "routing must be 0 or 1")
         await stop(session)
         # Serialized first: a failure here keeps the session open.
-        answer = await _tree_json(session)
+        answer = await _tree_answer(session, request)
         sessions.close(session.token)
         return answer
 

@@ -18,12 +18,19 @@ from __future__ import annotations
 import asyncio
 import json
 
-from trajectory_tree import SessionTree, tree_to_dict
+from trajectory_tree import SessionTree, dump_routing, tree_to_dict
 
 
 async def tree_json(tree: SessionTree) -> str:
     """The tree's JSON document (see the module docstring)."""
     return await asyncio.to_thread(_write, tree.snapshot())
+
+
+async def tree_with_routing(tree: SessionTree) -> tuple[bytes, bytes]:
+    """The JSON document as UTF-8 and the MoE routing sidecar it points into, of one snapshot
+    (hundreds of MB for a long MoE session: copied and hashed on a worker thread)."""
+    snapshot = tree.snapshot()
+    return await asyncio.to_thread(lambda: (_write(snapshot).encode(), dump_routing(snapshot)))
 
 
 def _write(snapshot: SessionTree) -> str:
