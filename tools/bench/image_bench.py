@@ -90,9 +90,9 @@ from sandbox import (
     RootfsImage,
     SandboxSpec,
 )
-from sandbox._commands import CommandSandbox
 from sandbox._images import host_platform
 from sandbox._images._unpack import Unpacker
+from sandbox._local._commands import CommandSandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"

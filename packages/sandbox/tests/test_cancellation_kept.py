@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
-from sandbox._commands import CommandSandbox
+from sandbox._local._commands import CommandSandbox
 
 STEPS = range(8)
 

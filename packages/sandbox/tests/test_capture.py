@@ -34,8 +34,8 @@ from sandbox import (
     SandboxSpec,
     capture_diff,
 )
-from sandbox._bwrap import SANDBOX_HOME
 from sandbox._git_diff import apply_diff
+from sandbox._local._bwrap import SANDBOX_HOME
 
 from .conftest import git
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox._cgroups import CgroupLimits, parse_mounts, parse_own_cgroups, write_limit
+from sandbox._local._cgroups import CgroupLimits, parse_mounts, parse_own_cgroups, write_limit
 
 SYSTEMD_V2 = """\
 24 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

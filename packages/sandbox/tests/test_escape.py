@@ -31,7 +31,7 @@ from sandbox import (
     SandboxSpec,
     UnsupportedSpecError,
 )
-from sandbox._seccomp import DENYLIST
+from sandbox._local._seccomp import DENYLIST
 
 from .conftest import SUBORDINATE_IDS, git, local_config
 from .host_processes import host_uid_of, unique_sleep, until_no_process, wait_for_process

@@ -23,7 +23,7 @@ from sandbox import (
     SandboxSpec,
     UnsupportedSpecError,
 )
-from sandbox._runtime import RUNTIME_MOUNT, HostRuntime
+from sandbox._local._runtime import RUNTIME_MOUNT, HostRuntime
 
 from .conftest import local_config
 from .image_roots import debian_root, static_root

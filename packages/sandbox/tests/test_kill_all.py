@@ -22,7 +22,7 @@ from sandbox import (
     SandboxSpec,
     ScriptResult,
 )
-from sandbox._bwrap import SANDBOX_HOME
+from sandbox._local._bwrap import SANDBOX_HOME
 
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process
 

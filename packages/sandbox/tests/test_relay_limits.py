@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sandbox import ForwardedEndpoint, LocalBackend, LocalSandbox, ResourceLimits, SandboxSpec
-from sandbox._forward import HostRelay, RelayBudget
+from sandbox._local._forward import HostRelay, RelayBudget
 
 # Opens N connections to the forwarded port, sends a line on each, keeps them all open while it
 # reads the answers, and prints how many were relayed (answered) and how many were closed.

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from sandbox import LocalBackend, SandboxUnavailableError, UidRange
-from sandbox._owner import owner_tag
-from sandbox._private_dirs import private_dir, remove_tree
-from sandbox._uids import lease_uid
+from sandbox._local._owner import owner_tag
+from sandbox._local._private_dirs import private_dir, remove_tree
+from sandbox._local._uids import lease_uid
 
 from .conftest import local_config
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sandbox import SandboxUnavailableError, UidRange
-from sandbox._uids import lease_uid
+from sandbox._local._uids import lease_uid
 
 
 def test_a_lease_is_exclusive_and_its_release_removes_its_file(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ with ``_``) and may change in any release.
 from typing import TYPE_CHECKING
 
 from sandbox._capture import CapturedDiff, CaptureLimits, ChangeTooLargeError, capture_diff
-from sandbox._control import InitGoneError
 from sandbox._e2b_backend import E2BBackend, E2BConfig, E2BSandbox
 from sandbox._errors import (
     SandboxBootError,
@@ -28,7 +27,14 @@ from sandbox._images import (
     Platform,
     RegistryCredentials,
 )
-from sandbox._local import Enforcement, LocalBackend, LocalConfig, LocalSandbox
+from sandbox._local import (
+    Enforcement,
+    InitGoneError,
+    LocalBackend,
+    LocalConfig,
+    LocalSandbox,
+    UidRange,
+)
 from sandbox._protocol import Process, Sandbox, SandboxBackend
 from sandbox._result import KILLED_EXIT_CODE, ExecResult, ScriptResult
 from sandbox._retry import RetryPolicy
@@ -48,7 +54,6 @@ from sandbox._spec import (
     SandboxSpec,
     validate_env,
 )
-from sandbox._uids import UidRange
 from sandbox._workspace import CheckoutError, SetupFailedError, checkout_repo, run_setup
 
 __all__ = [

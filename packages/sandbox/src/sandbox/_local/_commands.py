@@ -26,8 +26,8 @@ from sandbox._errors import (
     SandboxCommandError,
     SandboxFileNotFoundError,
 )
-from sandbox._output import PipeDrain
-from sandbox._private_dirs import remove_tree
+from sandbox._local._output import PipeDrain
+from sandbox._local._private_dirs import remove_tree
 from sandbox._result import (
     ExecResult,
     ScriptResult,

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandbox._commands import CommandSandbox, Launched
+from sandbox._local._commands import CommandSandbox, Launched
 from sandbox._spec import ResourceLimits
 
 _RLIMIT_OPTIONS = (

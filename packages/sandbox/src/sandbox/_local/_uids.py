@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox._errors import SandboxUnavailableError
-from sandbox._private_dirs import private_dir
+from sandbox._local._private_dirs import private_dir
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandbox._errors import SandboxBootError, SandboxCommandError, SandboxError
-from sandbox._init import ANCILLARY_SPACE, MAX_DATAGRAM, received_fds
+from sandbox._local._init import ANCILLARY_SPACE, MAX_DATAGRAM, received_fds
 
 _Reply = tuple[dict[str, object], list[int]]
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox._errors import SandboxBootError
-from sandbox._uids import UidRange
+from sandbox._local._uids import UidRange
 
 # Runs as `python -I -S -c WRAPPER READY_FD GO_FD ARGV...`.
 WRAPPER = """
