@@ -20,7 +20,8 @@ from rich.console import Console
 from slime_backend import NAMESPACE
 from slime_backend.testing import StandInSample
 from swe_rl.demo.repos import create_demo_tasks
-from swe_rl.run import INTERRUPTED, PlannedEpisode, Run, plan
+from swe_rl.run import PlannedEpisode, Run, plan
+from swe_rl.run_record import INTERRUPTED
 from swe_rl.task_file import TaskRow, parse_task_lines
 
 

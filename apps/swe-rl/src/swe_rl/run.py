@@ -7,6 +7,7 @@ run writes, as episodes finish:
     <run>/samples.jsonl          every slime sample, one JSON object per line
     <run>/episodes/<id>/         the episode's artifacts (tree.json, its routing, diff, logs, ...)
     <run>/run.json               the episodes with rewards, GRPO advantages and gate alarms
+                                 (its shape: swe_rl/run_record.py, which the viewer reads too)
 
 An episode counts as finished only once its samples are on disk: they are appended, flushed
 and fsynced, and only then is the episode recorded (run.json is written last, from those
@@ -38,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from slime_backend import (
     NAMESPACE,
+    ConfigError,
     EpisodeHealth,
     EpisodeReward,
     EpisodeStatus,
@@ -49,9 +51,9 @@ from slime_backend import (
 )
 from slime_backend.testing import StandInSample
 from swe_rl.environment import abort_cause
+from swe_rl.run_record import INTERRUPTED, RUN_FILE, Alarm, EpisodeEntry, Grading, RunRecord
 from swe_rl.task_file import TaskRow
 
-INTERRUPTED = "interrupted"
 NOT_RUN = "not run: the run stopped at a failure of its sample source"
 FAILED = "failed"
 """The first word of the reason of an episode whose sample source raised (a configuration
@@ -99,81 +101,60 @@ class GenerateSource:
         return samples
 
 
-@dataclass(slots=True)
-class EpisodeRecord:
-    """What the run keeps of one episode (all plain data, for run.json)."""
-
-    episode_id: str
-    instance_id: str
-    group: int
-    index: int
-    status: str
-    reason: str
-    reward: float
-    advantage: float | None = None
-    samples: int = 0
-    turns: int = 0
-    tool_calls: int = 0
-    malformed_tool_calls: int = 0
-    trained_tokens: int = 0
-    masked_tokens: int = 0
-    dir: str = ""
-    grading: dict[str, Any] | None = None
-    """The grading verdict, its reason, refused paths, timeout and per-test outcomes."""
-
-    @classmethod
-    def from_samples(cls, episode: PlannedEpisode, samples: Sequence[Any]) -> EpisodeRecord:
-        record = cls(
-            episode.episode_id,
-            episode.row.task.instance_id,
-            episode.group,
-            episode.index,
-            "aborted",
-            "no samples",
-            0.0,
-        )
-        if not samples:
-            return record
-        provenance = samples[0].metadata.get(NAMESPACE, {})
-        facts = provenance.get("episode", {})
-        record.status = str(facts.get("status", "aborted"))
-        record.reason = str(facts.get("reason", ""))
-        record.reward = float(facts.get("reward", 0.0))
-        record.samples = len(samples)
-        record.turns = int(facts.get("turns", 0))
-        record.tool_calls = int(facts.get("tool_calls", 0))
-        record.malformed_tool_calls = int(facts.get("malformed_tool_calls", 0))
-        record.trained_tokens = int(facts.get("trained_tokens", 0))
-        record.masked_tokens = sum(
+def episode_entry(episode: PlannedEpisode, samples: Sequence[Any], root: Path) -> EpisodeEntry:
+    """What run.json lists of a finished episode, from its samples' provenance (`dir` relative
+    to the run directory `root`)."""
+    if not samples:
+        return stopped_entry(episode, "no samples")
+    provenance = samples[0].metadata.get(NAMESPACE, {})
+    facts = provenance.get("episode", {})
+    artifacts = facts.get("artifacts", {})
+    return EpisodeEntry(
+        episode_id=episode.episode_id,
+        instance_id=episode.row.task.instance_id,
+        group=episode.group,
+        index=episode.index,
+        status=EpisodeStatus(str(facts.get("status", "aborted"))),
+        reason=str(facts.get("reason", "")),
+        reward=float(facts.get("reward", 0.0)),
+        advantage=None,
+        samples=len(samples),
+        turns=int(facts.get("turns", 0)),
+        tool_calls=int(facts.get("tool_calls", 0)),
+        malformed_tool_calls=int(facts.get("malformed_tool_calls", 0)),
+        trained_tokens=int(facts.get("trained_tokens", 0)),
+        masked_tokens=sum(
             sum(s.metadata.get(NAMESPACE, {}).get("sample", {}).get("masked_tokens", {}).values())
             for s in samples
-        )
-        artifacts = facts.get("artifacts", {})
-        record.dir = str(artifacts.get("dir", ""))
-        grading = artifacts.get("grading")
-        record.grading = dict(grading) if isinstance(grading, dict) else None
-        return record
+        ),
+        dir=_relative(str(artifacts.get("dir", "")), root),
+        grading=_grading(artifacts.get("grading")),
+    )
 
-    @classmethod
-    def interrupted(cls, episode: PlannedEpisode, reason: str = INTERRUPTED) -> EpisodeRecord:
-        return cls(
-            episode.episode_id,
-            episode.row.task.instance_id,
-            episode.group,
-            episode.index,
-            "aborted",
-            reason,
-            0.0,
-        )
 
-    def health(self) -> EpisodeHealth:
-        return EpisodeHealth(
-            EpisodeStatus(self.status),
-            self.trained_tokens,
-            self.tool_calls,
-            self.malformed_tool_calls,
-            self.reason,
-        )
+def stopped_entry(episode: PlannedEpisode, reason: str = INTERRUPTED) -> EpisodeEntry:
+    """An episode that never ran to an outcome (interrupted, not run): aborted, reward 0."""
+    return EpisodeEntry(
+        episode_id=episode.episode_id,
+        instance_id=episode.row.task.instance_id,
+        group=episode.group,
+        index=episode.index,
+        status=EpisodeStatus.ABORTED,
+        reason=reason,
+        reward=0.0,
+        advantage=None,
+        dir="",
+    )
+
+
+def _health(entry: EpisodeEntry) -> EpisodeHealth:
+    return EpisodeHealth(
+        entry.status,
+        entry.trained_tokens,
+        entry.tool_calls,
+        entry.malformed_tool_calls,
+        entry.reason,
+    )
 
 
 def plan(rows: Sequence[TaskRow], episodes_per_task: int) -> list[PlannedEpisode]:
@@ -187,7 +168,7 @@ def plan(rows: Sequence[TaskRow], episodes_per_task: int) -> list[PlannedEpisode
 
 @dataclass(slots=True)
 class RunResult:
-    records: list[EpisodeRecord]
+    records: list[EpisodeEntry]
     gates: GateReport
     interrupted: bool
     duration_s: float
@@ -220,7 +201,7 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         samples_path = self.out / "samples.jsonl"
         samples_path.write_text("")
-        records: dict[int, EpisodeRecord] = {}
+        records: dict[int, EpisodeEntry] = {}
         episodes_by = {episode.index: episode for episode in episodes}
         write_errors: list[str] = []
         finishing: set[asyncio.Task[None]] = set()
@@ -244,7 +225,7 @@ class Run:
                     write_errors.append(f"{episode.episode_id}: {error.strerror or error}")
                 except (TypeError, ValueError) as error:  # a sample JSON cannot carry
                     write_errors.append(f"{episode.episode_id}: {error}")
-                record = EpisodeRecord.from_samples(episode, samples)
+                record = episode_entry(episode, samples, self.out)
                 records[episode.index] = record
                 progress.advance(bar)
                 if not progress.console.is_terminal:  # no live bar there: a line instead
@@ -283,21 +264,21 @@ class Run:
         failure = None
         for index, error in failures.items():
             why = f"{FAILED}: {type(error).__name__}: {error}"
-            records.setdefault(index, EpisodeRecord.interrupted(episodes_by[index], why))
+            records.setdefault(index, stopped_entry(episodes_by[index], why))
             failure = failure or why
         left = INTERRUPTED if interrupted or failure is None else NOT_RUN
         for episode in episodes:
-            records.setdefault(episode.index, EpisodeRecord.interrupted(episode, left))
+            records.setdefault(episode.index, stopped_entry(episode, left))
         ordered = [records[episode.index] for episode in episodes]
-        _advantages(ordered)
+        ordered = _advantages(ordered)
         # An interrupted episode never ran to an outcome: the user stopped it, so it says
         # nothing about the policy or the stack and counts towards no silent-failure gate;
         # nor does one that never ran because the run stopped at a failure.
         gates = evaluate_gates(
-            (r.health() for r in ordered if r.reason not in (INTERRUPTED, NOT_RUN)),
+            (_health(r) for r in ordered if r.reason not in (INTERRUPTED, NOT_RUN)),
             self.gate_config,
         )
-        run_json = self.out / "run.json"
+        run_json = self.out / RUN_FILE
         duration = time.monotonic() - started
         _write_run(run_json, self, ordered, gates, interrupted, duration, write_errors, failure)
         return RunResult(
@@ -312,18 +293,22 @@ class Run:
         )
 
 
-def _advantages(records: list[EpisodeRecord]) -> None:
+def _advantages(records: list[EpisodeEntry]) -> list[EpisodeEntry]:
     """GRPO advantages per task group, each episode counted once (what slime will train on)."""
     episodes = [
         EpisodeReward(r.index, r.group, r.reward, in_baseline=r.status != "aborted")
         for r in records
     ]
     values = normalized_rewards(episodes, Normalization(subtract_mean=True, divide_by_std=True))
-    for record in records:
-        record.advantage = values.get(record.index) if record.status != "aborted" else None
+    return [
+        dataclasses.replace(
+            record, advantage=values.get(record.index) if record.status != "aborted" else None
+        )
+        for record in records
+    ]
 
 
-def abort_counts(records: Sequence[EpisodeRecord]) -> dict[str, int]:
+def abort_counts(records: Sequence[EpisodeEntry]) -> dict[str, int]:
     """Aborted episodes counted by cause (their reason's first word: environment, sandbox,
     grading, interrupted, ...), most common first."""
     counts: dict[str, int] = {}
@@ -337,19 +322,37 @@ def abort_counts(records: Sequence[EpisodeRecord]) -> dict[str, int]:
 def _write_run(
     path: Path,
     run: Run,
-    records: list[EpisodeRecord],
+    records: list[EpisodeEntry],
     gates: GateReport,
     interrupted: bool,
     duration: float,
     write_errors: list[str],
     failure: str | None = None,
 ) -> None:
-    alarms = [
-        {
-            "gate": result.name,
-            "share": result.share,
-            "limit": result.limit,
-            "message": f"{result.offending} of {result.episodes} episodes "
+    record = RunRecord(
+        title=run.title,
+        policy=run.policy,
+        agent=run.agent,
+        episodes=tuple(records),
+        alarms=_alarms(gates),
+        interrupted=interrupted,
+        failure=failure,
+        duration_s=round(duration, 3),
+        sample_write_errors=tuple(write_errors),
+        aborts=abort_counts(records),
+        gates=gates.as_dict(),
+        extra=run.extra,
+    )
+    record.write(path)
+
+
+def _alarms(gates: GateReport) -> tuple[Alarm, ...]:
+    return tuple(
+        Alarm(
+            gate=result.name,
+            share=result.share,
+            limit=result.limit,
+            message=f"{result.offending} of {result.episodes} episodes "
             f"({result.share:.0%}) exceed the {result.limit:.0%} limit"
             + (
                 "; aborted: " + ", ".join(f"{cause} {n}" for cause, n in result.causes)
@@ -357,32 +360,19 @@ def _write_run(
                 else ""
             )
             + (f"; e.g. {result.example[:300]}" if result.example else ""),
-        }
+        )
         for result in gates.tripped
-    ]
-    document = {
-        "title": run.title,
-        "policy": run.policy,
-        "agent": run.agent,
-        "interrupted": interrupted,
-        "failure": failure,
-        "duration_s": round(duration, 3),
-        "sample_write_errors": write_errors,
-        "episodes": [
-            {
-                **dataclasses.asdict(record),
-                "dir": _relative(record.dir, run.out),
-            }
-            for record in records
-        ],
-        "aborts": abort_counts(records),
-        "gates": gates.as_dict(),
-        "alarms": alarms,
-        **run.extra,
-    }
-    partial = path.with_name(f".{path.name}.partial")  # a reader never sees half a run.json
-    partial.write_text(json.dumps(document, indent=2))
-    partial.replace(path)
+    )
+
+
+def _grading(data: object) -> Grading | None:
+    """The episode's grading summary, as run.json keeps it (None when it has none)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Grading.from_json(data)
+    except ConfigError:  # not what GradeResult.summary() writes: nothing to record
+        return None
 
 
 def _relative(directory: str, root: Path) -> str:
@@ -454,7 +444,7 @@ def _interruptible() -> Iterator[asyncio.Event]:
             loop.remove_signal_handler(signum)
 
 
-def _progress_line(console: Console, done: int, total: int, record: EpisodeRecord) -> None:
+def _progress_line(console: Console, done: int, total: int, record: EpisodeEntry) -> None:
     outcome = record.status if record.status != "aborted" else f"aborted ({record.reason})"
     console.print(
         f"episode {done}/{total} finished: {record.episode_id}, {outcome}, "

@@ -20,7 +20,6 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console, JustifyMethod
 from rich.markup import escape
@@ -41,7 +40,8 @@ from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.episode import EpisodeConfig, SweEpisode
 from swe_rl.errors import UsageError
-from swe_rl.run import INTERRUPTED, GenerateSource, Run, RunResult, plan
+from swe_rl.run import GenerateSource, Run, RunResult, plan
+from swe_rl.run_record import INTERRUPTED, Grading
 from swe_rl.task_file import parse_task_lines
 from swe_rl.viewer import write_viewer
 
@@ -208,15 +208,15 @@ MASKED_CAPTION = (
 _VERDICT_STYLE = {"resolved": "green", "unresolved": "yellow"}
 
 
-def _grading(grading: dict[str, Any] | None) -> str:
+def _grading(grading: Grading | None) -> str:
     """The verdict, and the files grading refused to apply: a refused cheat shows as one
     (why each was refused is in run.json and the viewer)."""
-    if not grading:
+    if grading is None:
         return "-"
-    verdict = str(grading.get("verdict", "?"))
+    verdict = grading.verdict or "?"
     text = f"[{_VERDICT_STYLE.get(verdict, 'red')}]{verdict}[/]"
-    refused = grading.get("refused_paths") or {}
-    if isinstance(refused, dict) and refused:
+    refused = grading.refused_paths
+    if refused:
         names = ", ".join(list(refused)[:2]) + (f" +{len(refused) - 2}" if len(refused) > 2 else "")
         text += f", refused {escape(names)}"
     return text

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_backend import ConversionOptions, EpisodeHealth, EpisodeStatus, to_mapping
+from swe_rl.run_record import EpisodeEntry, Grading
 from trajectory_tree import (
     Linearization,
     Node,
@@ -34,7 +35,7 @@ from trajectory_tree import (
 
 from .branches import layout
 from .embed import script_json
-from .run_dir import TREE_FILE, EpisodeEntry, RunDirError, episode_dir
+from .run_dir import TREE_FILE, RunDirError, episode_dir
 
 Decode = Callable[[int], str]
 
@@ -42,6 +43,9 @@ ARTIFACT_BYTES = 256 * 1024
 """How much of each text artifact (diff, grading log, summary) the page embeds."""
 
 ARTIFACTS = (("summary", "summary.json"), ("diff", "diff.patch"), ("grading_log", "grading.log"))
+
+GRADING_SHOWN = ("verdict", "reason", "timed_out", "refused_paths", "tests", "tests_passing")
+"""What a card carries of the episode's grading (run.json keeps more: reward, score, ...)."""
 
 
 class ViewerError(ValueError):
@@ -70,7 +74,7 @@ def episode_view(
         "advantage": entry.advantage,
         "status": str(entry.status),
         "reason": entry.reason,
-        "grading": to_mapping(entry.grading) if entry.grading is not None else None,
+        "grading": _grading_shown(entry.grading),
         "error": None,
         "stats": None,
         "flags": [],
@@ -301,3 +305,9 @@ def _flags(health: EpisodeHealth) -> list[dict[str, str]]:
 
 def _flag(gate: str, text: str) -> dict[str, str]:
     return {"gate": gate, "text": text}
+
+
+def _grading_shown(grading: Grading | None) -> dict[str, Any] | None:
+    if grading is None:
+        return None
+    return {name: to_mapping(getattr(grading, name)) for name in GRADING_SHOWN}

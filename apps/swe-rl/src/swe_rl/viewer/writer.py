@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from slime_backend import ConversionOptions
+from swe_rl.run_record import RunRecord
 
 from .episode_view import Decode, episode_view
 from .legend import legend
 from .page import data_block, episode_block_id, head, tail
-from .run_dir import RunIndex, read_run
+from .run_dir import read_run
 
 VIEWER_FILE = "viewer.html"
 
@@ -51,7 +52,7 @@ def write_viewer(
 
 
 def _index(
-    run: RunIndex, options: ConversionOptions, cards: list[dict[str, Any]]
+    run: RunRecord, options: ConversionOptions, cards: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The run's facts the page reads first: header, alarms, legend and one card per episode."""
     return {
