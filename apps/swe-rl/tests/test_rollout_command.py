@@ -19,11 +19,11 @@ from protocol_adapters.testing.checkpoint import write_checkpoint
 from protocol_adapters.testing.stack import VocabularyTokenizer
 from sandbox import LocalBackend
 from swe_rl.cli import build_parser
+from swe_rl.commands.rollout import sandbox_options
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.errors import UsageError
 from swe_rl.rollout import sandbox_backend
-from swe_rl.rollout_command import sandbox_options
 
 from .app_process import swe_rl
 

@@ -45,15 +45,15 @@ from slime_backend import (
 )
 from slime_backend.generate import make_generate
 from slime_backend.testing import StandInSample, slime_args
-from swe_rl.engine_recorder import EngineRecorder, EngineReply
-from swe_rl.environment import environment_reason, sandbox_spec
-from swe_rl.errors import UsageError
-from swe_rl.rollout import ConfigurationError, ConfiguredEpisode, sandbox_backend
-from swe_rl.rollout_command import (
+from swe_rl.commands.rollout import (
     checkpoint_arg,
     sandbox_isolation,
     sandbox_options,
 )
+from swe_rl.engine_recorder import EngineRecorder, EngineReply
+from swe_rl.environment import environment_reason, sandbox_spec
+from swe_rl.errors import UsageError
+from swe_rl.rollout import ConfigurationError, ConfiguredEpisode, sandbox_backend
 from swe_rl.rollout_settings import ResolvedSettings, settings_from_args, template_verdict
 from swe_rl.sources import RepoSources, SourceError
 from swe_rl.task_file import TaskRow, command_rows

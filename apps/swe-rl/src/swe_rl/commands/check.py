@@ -6,9 +6,16 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from swe_rl.commands._arguments import (
+    agent_option,
+    image_cache,
+    sandbox_choice,
+    unsafe_no_sandbox,
+)
 from swe_rl.engine_url import add_engine_arguments
 from swe_rl.rollout_flags import add_settings_arguments
 
+NAME = "check"
 HELP = "preflight: one episode of one task against the real stack, step by step"
 DESCRIPTION = (
     "Try every piece an episode needs once, in order, each step timed: the engine and its "
@@ -20,18 +27,13 @@ DESCRIPTION = (
 )
 
 
-def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tasks", type=Path, help="task file (JSONL rows {prompt, metadata})")
     add_engine_arguments(parser)
     parser.add_argument(
         "--task", metavar="INSTANCE_ID", help="the task to run (default: the file's first)"
     )
-    parser.add_argument(
-        "--sandbox",
-        choices=("local", "e2b"),
-        default="local",
-        help="where the episode runs (default: %(default)s)",
-    )
+    sandbox_choice(parser, what="the episode runs")
     parser.add_argument(
         "--out",
         type=Path,
@@ -39,13 +41,10 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the episode, its samples and check.json (default: %(default)s)",
     )
-    parser.add_argument(
-        "--unsafe-no-sandbox",
-        action="store_true",
-        help="run the agent's commands as plain host processes (NEVER with a model you do "
-        "not trust)",
-    )
+    unsafe_no_sandbox(parser)
     add_settings_arguments(parser)
+    agent_option(parser)
+    image_cache(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,37 +10,72 @@ unless `--unsafe-no-sandbox` says so.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from protocol_adapters import (
-    Checkpoint,
-    CheckpointError,
-    SGLangConfig,
-    SGLangEngine,
-    load_checkpoint,
+from swe_rl.commands._arguments import (
+    agent_option,
+    image_cache,
+    positive_int,
+    sandbox_choice,
+    unsafe_no_sandbox,
 )
-from slime_backend import (
-    AgentSettings,
-    BackendSettings,
-    SandboxSettings,
-    WorkerSettings,
-    to_mapping,
-)
-from slime_backend.generate import make_generate
-from slime_backend.testing import StandInSample, slime_args
-from swe_rl.environment import image_cache_config
+from swe_rl.engine_url import add_engine_arguments
 from swe_rl.errors import UsageError
-from swe_rl.rollout import ConfiguredEpisode
-from swe_rl.rollout_settings import settings_from_args, template_verdict
-from swe_rl.run import GenerateSource, Run, abort_counts, plan
-from swe_rl.task_file import command_rows
-from swe_rl.viewer import write_viewer
+from swe_rl.rollout_flags import add_settings_arguments
+
+if TYPE_CHECKING:
+    from protocol_adapters import Checkpoint
+
+NAME = "rollout"
+HELP = "run episodes of a task file against a real SGLang server"
+DESCRIPTION = (
+    "Run K episodes per task against a real SGLang server and the checkpoint "
+    "it serves, grade them and write slime samples. Refuses to run model-written code "
+    "outside a sandbox unless told to."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tasks", type=Path, help="task file (JSONL rows {prompt, metadata})")
+    add_engine_arguments(parser)
+    agent_option(parser)
+    parser.add_argument("-k", "--episodes-per-task", type=positive_int, default=8, metavar="K")
+    parser.add_argument("--concurrency", type=positive_int, default=8, metavar="N")
+    sandbox_choice(parser, what="episodes run")
+    parser.add_argument(
+        "--ray", metavar="ADDRESS", help="spread episodes over the nodes of this Ray cluster"
+    )
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR")
+    add_settings_arguments(parser)
+    image_cache(parser)
+    unsafe_no_sandbox(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(run_rollout(args))
 
 
 async def run_rollout(args: argparse.Namespace) -> int:
+    from slime_backend import (
+        AgentSettings,
+        BackendSettings,
+        SandboxSettings,
+        WorkerSettings,
+        to_mapping,
+    )
+    from slime_backend.generate import make_generate
+    from slime_backend.testing import StandInSample, slime_args
+    from swe_rl.rollout import ConfiguredEpisode
+    from swe_rl.rollout_settings import settings_from_args, template_verdict
+    from swe_rl.run import GenerateSource, Run, abort_counts, plan
+    from swe_rl.task_file import command_rows
+    from swe_rl.viewer import write_viewer
+
     console = Console()
     rows = command_rows(args.tasks, console)
     checkpoint = checkpoint_arg(args.checkpoint)
@@ -109,6 +144,8 @@ async def run_rollout(args: argparse.Namespace) -> int:
 
 def checkpoint_arg(directory: Path) -> Checkpoint:
     """The --checkpoint directory's tokenizer and chat template, or the user's error."""
+    from protocol_adapters import CheckpointError, load_checkpoint
+
     try:
         return load_checkpoint(directory)
     except (OSError, CheckpointError) as error:
@@ -119,6 +156,8 @@ def sandbox_options(args: argparse.Namespace, out: Path, isolation: str) -> dict
     """The sandbox options every rollout worker builds its backend from (swe_rl.rollout):
     where episodes write, the isolation, and the node's image cache and registry settings
     (a bad credentials file is the user's error now, not each worker's later)."""
+    from swe_rl.environment import image_cache_config
+
     options = {
         "artifacts_root": str(out / "episodes"),
         "isolation": isolation,
@@ -152,6 +191,8 @@ def sandbox_isolation(args: argparse.Namespace) -> str:
 
 async def engine_context(url: str) -> int:
     """The engine's context length (what SGLang reports), or the user's error saying why not."""
+    from protocol_adapters import SGLangConfig, SGLangEngine
+
     try:
         async with SGLangEngine(SGLangConfig(base_url=url)) as engine:
             return await engine.context_length()

@@ -3,21 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sandbox import LocalBackend, LocalConfig
-from swe_rl.environment import image_cache_config
+from swe_rl.commands._arguments import image_cache, positive_int
 from swe_rl.errors import UsageError
-from swe_rl.task_file import command_rows
-from swe_rl.validate import ValidateConfig, Validation, Validator, passing_lines, validate_rows
+
+if TYPE_CHECKING:
+    from swe_rl.validate import Validation
+
+NAME = "validate"
+HELP = "check that every task grades the empty change 0 and its reference 1"
+DESCRIPTION = (
+    "For every task, in its own environment: the empty change must earn 0 and "
+    "the reference solution (SWE-bench's gold patch, Harbor's solution/) must earn 1. "
+    "Prints a table, writes the passing rows to --out, names every failure's reason. "
+    "Resumable: results go to a state file as they come, and a rerun skips the tasks "
+    "already validated."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tasks", type=Path, help="task file (JSONL rows)")
+    parser.add_argument(
+        "--out", type=Path, metavar="FILE", help="where the passing rows go (JSONL)"
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="the state file (default: TASKS with .validate-state.jsonl)",
+    )
+    parser.add_argument("--concurrency", type=positive_int, default=4, metavar="N")
+    parser.add_argument(
+        "--retry-failed", action="store_true", help="validate earlier failures again"
+    )
+    parser.add_argument("--logs", type=Path, metavar="DIR", help="keep every grading log under DIR")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "agent-rl",
+        metavar="DIR",
+        help="prepared repositories (default: %(default)s)",
+    )
+    image_cache(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(run_validate(args))
 
 
 async def run_validate(args: argparse.Namespace) -> int:
+    from sandbox import LocalBackend, LocalConfig
+    from swe_rl.environment import image_cache_config
+    from swe_rl.task_file import command_rows
+    from swe_rl.validate import ValidateConfig, Validator, passing_lines, validate_rows
+
     console = Console()
     rows = command_rows(args.tasks, console)
     if shutil.which("bwrap") is None:
