@@ -111,3 +111,31 @@ async def test_a_sample_source_that_raises_stops_the_run_and_says_why(tmp_path: 
     assert document["interrupted"] is False
     counted = {r.name: r.episodes for r in result.gates.results}
     assert counted["aborts"] == 1  # the failed one; the never-run ones say nothing
+
+
+async def test_samples_refused_for_routing_replay_reach_run_json_and_trip_the_gate(
+    tmp_path: Path,
+) -> None:
+    """A run whose engine returns no MoE routing says so: every row counts its refused samples
+    and the routing_missing gate names them."""
+    rows = parse_task_lines([json.dumps(r) for r in create_demo_tasks(tmp_path / "repos")]).rows
+
+    async def source(episode: PlannedEpisode) -> list[Any]:
+        facts = {
+            "status": "completed",
+            "reason": "every wanted test passes",
+            "reward": 1.0,
+            "trained_tokens": 10,
+            "tool_calls": 1,
+            "routing": {"refused": [{"sample": 1, "reason": "no routing for rows 0-9"}]},
+        }
+        metadata = {NAMESPACE: {"episode": facts, "sample": {}}}
+        return [StandInSample(index=episode.index, group_index=episode.group, metadata=metadata)]
+
+    out = tmp_path / "run"
+    run = Run(out=out, source=source, concurrency=2, title="t", policy="p", agent="a")
+    result = await run.execute(plan(rows[:1], 2))
+    document = json.loads((out / "run.json").read_text())
+    assert [row["routing_refused"] for row in document["episodes"]] == [1, 1]
+    (missing,) = [g for g in result.gates.results if g.name == "routing_missing"]
+    assert missing.tripped

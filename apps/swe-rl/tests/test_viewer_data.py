@@ -386,6 +386,7 @@ def test_flag_names_are_the_gate_names() -> None:
         EpisodeHealth(
             EpisodeStatus.ABORTED, 0, 0, 0, "nothing_trainable: length_drop: past the limit"
         ),
+        EpisodeHealth(EpisodeStatus.COMPLETED, 10, 2, 0, routing_refused=1),
     ]
     report = evaluate_gates(episodes, GateConfig())
     gates = {r.name for r in report.results}
@@ -396,6 +397,7 @@ def test_flag_names_are_the_gate_names() -> None:
         "aborts",
         "environment_aborts",
         "length_drops",
+        "routing_missing",
     }
     assert {f["gate"] for e in episodes for f in _flags(e)} == gates
 

@@ -127,6 +127,7 @@ def episode_entry(episode: PlannedEpisode, samples: Sequence[Any], root: Path) -
             sum(s.metadata.get(NAMESPACE, {}).get("sample", {}).get("masked_tokens", {}).values())
             for s in samples
         ),
+        routing_refused=len((facts.get("routing") or {}).get("refused") or ()),
         dir=_relative(str(artifacts.get("dir", "")), root),
         grading=_grading(artifacts.get("grading")),
     )
@@ -154,6 +155,7 @@ def _health(entry: EpisodeEntry) -> EpisodeHealth:
         entry.tool_calls,
         entry.malformed_tool_calls,
         entry.reason,
+        entry.routing_refused,
     )
 
 

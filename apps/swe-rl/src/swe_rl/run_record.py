@@ -92,6 +92,8 @@ class EpisodeEntry:
     malformed_tool_calls: int = 0
     trained_tokens: int = 0
     masked_tokens: int = 0
+    routing_refused: int = 0
+    """Samples not trained because their MoE routing could not be replayed."""
 
     @property
     def stopped(self) -> bool:
@@ -114,6 +116,7 @@ class EpisodeEntry:
             "malformed_tool_calls": self.malformed_tool_calls,
             "trained_tokens": self.trained_tokens,
             "masked_tokens": self.masked_tokens,
+            "routing_refused": self.routing_refused,
             "dir": self.dir,
             "grading": None if self.grading is None else self.grading.to_json(),
         }

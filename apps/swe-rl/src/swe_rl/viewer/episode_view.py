@@ -131,6 +131,7 @@ def _tree_detail(
             summary.tool_calls,
             summary.malformed_tool_calls,
             entry.reason,
+            entry.routing_refused,
         )
     )
     samples = [_sample(tree, s) for s in linearization.samples]
@@ -300,6 +301,13 @@ def _flags(health: EpisodeHealth) -> list[dict[str, str]]:
         flags.append(_flag("environment_aborts", "aborted: its task's environment failed"))
     if health.length_dropped:
         flags.append(_flag("length_drops", "every sample dropped by the length limit"))
+    if health.routing_refused:
+        flags.append(
+            _flag(
+                "routing_missing",
+                f"{health.routing_refused} sample(s) not trained: MoE routing missing for replay",
+            )
+        )
     return flags
 
 
