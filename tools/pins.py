@@ -19,6 +19,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "# BEGIN PINS", "# END PINS"
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -60,13 +62,18 @@ def resolve(workdir: Path) -> dict[str, str]:
     (workdir / "uv.lock").unlink(missing_ok=True)
     subprocess.run(["uv", "lock", "--quiet"], cwd=workdir, check=True)
     lock = tomllib.loads((workdir / "uv.lock").read_text())
-    return {
-        _normalize(p["name"]): p["version"]
-        for p in lock.get("package", [])
-        if "version" in p
-        and p.get("source", {}).get("editable") is None
-        and p.get("source", {}).get("virtual") is None
-    }
+    versions: dict[str, str] = {}
+    for p in lock.get("package", []):
+        if "version" not in p or p.get("source", {}).get("editable") is not None:
+            continue
+        if p.get("source", {}).get("virtual") is not None:
+            continue
+        name = _normalize(p["name"])
+        # A package resolved twice, per Python version (numpy's newest needs a newer Python
+        # than ours), is pinned at the older: the one every supported Python can install.
+        if name not in versions or Version(p["version"]) < Version(versions[name]):
+            versions[name] = p["version"]
+    return versions
 
 
 def _copy_workspace(dest: Path) -> Path:
