@@ -52,10 +52,16 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-async def _tree_answer(session: Session, request: web.Request) -> web.Response:
-    if request.query.get("routing") not in (None, "0", "1"):
+def _with_routing(request: web.Request) -> bool:
+    """Whether the caller asked for the routing sidecar too (``?routing=1``)."""
+    asked = request.query.get("routing", "0")
+    if asked not in ("0", "1"):
         raise ValueError("routing must be 0 or 1")
-    if request.query.get("routing") == "1":
+    return asked == "1"
+
+
+async def _tree_answer(session: Session, with_routing: bool) -> web.Response:
+    if with_routing:
         document, sidecar = await tree_with_routing(session.tree)
         return web.Response(
             body=document + sidecar,
@@ -123,19 +129,22 @@ def create_admin_app(
         if session is None:
             return _error(404, "no open session with this token")
         try:
-            return await _tree_answer(session, request)
+            with_routing = _with_routing(request)
         except ValueError as exc:
             return _error(400, str(exc))
+        return await _tree_answer(session, with_routing)
 
     async def close_session(request: web.Request) -> web.StreamResponse:
         session = open_one(request)
         if session is None:
             return _error(404, "no open session with this token")
-        if request.query.get("routing") not in (None, "0", "1"):
-            return _error(400, "routing must be 0 or 1")
+        try:
+            with_routing = _with_routing(request)
+        except ValueError as exc:
+            return _error(400, str(exc))
         await stop(session)
         # Serialized first: a failure here keeps the session open.
-        answer = await _tree_answer(session, request)
+        answer = await _tree_answer(session, with_routing)
         sessions.close(session.token)
         return answer
 
