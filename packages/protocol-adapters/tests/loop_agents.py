@@ -23,6 +23,10 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 Dialect = Literal["anthropic", "openai_chat", "openai_responses"]
+PATIENT = openai.Timeout(600.0, connect=120.0)
+"""The SDKs connect within 5 s by default: on a machine whose cores are all busy, 50 sessions'
+clients, starved themselves, can take longer than that to connect, which says nothing of the
+server's loop (what the test measures); a stall that long still fails it."""
 TURNS = 6
 WORDS_PER_RESULT = 2500
 KINDS: tuple[tuple[Dialect, bool], ...] = tuple(
@@ -192,10 +196,14 @@ async def episode(url: str, admin: Admin, plan: Plan) -> None:
     """One session's turns, closed and its tree checked."""
     token = await admin.open(f"episode-{plan.index}")
     if plan.dialect == "anthropic":
-        async with anthropic.AsyncAnthropic(base_url=url, api_key=token, max_retries=0) as claude:
+        async with anthropic.AsyncAnthropic(
+            base_url=url, api_key=token, max_retries=0, timeout=PATIENT
+        ) as claude:
             await anthropic_turns(claude, plan)
     else:
-        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=token, max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key=token, max_retries=0, timeout=PATIENT
+        ) as client:
             turns = chat_turns if plan.dialect == "openai_chat" else responses_turns
             await turns(client, plan)
     tree = await admin.close(token)
