@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol_adapters._engine import GenerateRequest, SamplingParams, SGLangConfig
-from protocol_adapters._engine.sse import SSEParser
+from protocol_adapters._engine.sse_reader import SSEParser
 from protocol_adapters._engine.wire import (
     StreamDecoder,
     context_length_of,

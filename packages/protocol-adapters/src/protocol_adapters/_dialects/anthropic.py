@@ -64,7 +64,7 @@ from .json_shape import (
     unknown_keys,
 )
 from .opaque import thinking_signature
-from .sse import sse_event
+from .sse_writer import sse_event
 from .structured_output import anthropic_schema
 
 DIALECT = "anthropic"

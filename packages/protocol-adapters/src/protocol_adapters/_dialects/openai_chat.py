@@ -64,7 +64,7 @@ from .json_shape import (
 from .openai_errors import openai_error
 from .openai_logprobs import logprob_entries, top_logprobs
 from .openai_tools import function_tools, nested, tool_choice
-from .sse import DONE, sse_event
+from .sse_writer import DONE, sse_event
 from .structured_output import openai_schema
 
 DIALECT = "openai_chat"

@@ -71,7 +71,7 @@ from .openai_chat import data_url_type
 from .openai_errors import error_code, openai_error
 from .openai_logprobs import logprob_entries, top_logprobs
 from .openai_tools import flat, function_tools, tool_choice
-from .sse import sse_event
+from .sse_writer import sse_event
 from .structured_output import openai_schema
 
 DIALECT = "openai_responses"

@@ -39,7 +39,7 @@ from protocol_adapters._types import AdapterError, ErrorKind
 
 from .config import SGLangConfig
 from .connect import ConnectDeadline, connect_trace
-from .sse import SSEParser
+from .sse_reader import SSEParser
 from .types import GenerateChunk, GenerateRequest, GenerateResult
 from .wire import (
     StreamDecoder,

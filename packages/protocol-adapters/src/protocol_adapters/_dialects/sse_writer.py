@@ -1,4 +1,7 @@
-"""Server-sent event framing: one event as the bytes a streaming handler writes."""
+"""Server-Sent Events to clients: one event as the bytes a streaming handler writes.
+
+The other direction, parsing the engine's stream, is ``_engine/sse_reader.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Incremental Server-Sent Events parsing over raw bytes.
+"""Incremental parsing of the engine's Server-Sent Events stream, over raw bytes.
 
 Fed with whatever the socket delivers, so one event may span many reads and one read may hold
 many events. Reading whole lines through the HTTP client instead would cap the size of an event,
-and SGLang's cumulative chunks grow with every token.
+and SGLang's cumulative chunks grow with every token. (Writing events to clients is
+``_dialects/sse_writer.py``.)
 """
 
 from __future__ import annotations
