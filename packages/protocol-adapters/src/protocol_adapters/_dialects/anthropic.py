@@ -64,6 +64,7 @@ from .json_shape import (
     unknown_keys,
 )
 from .opaque import thinking_signature
+from .protocol import Dialect, Logprobs
 from .sse_writer import sse_event
 from .structured_output import anthropic_schema
 
@@ -90,10 +91,6 @@ _READ_FIELDS = frozenset(
 )
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
 _TOOL_CHOICE_TYPES = ("auto", "any", "tool", "none")
-
-
-def new_response_id() -> str:
-    return "msg_" + secrets.token_hex(12)
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -331,7 +328,7 @@ def _thinking(raw: object, metadata: dict[str, str]) -> None:
 # -- responses ---------------------------------------------------------------------------------
 
 
-def tool_input(arguments: str) -> dict[str, object]:
+def _tool_input(arguments: str) -> dict[str, object]:
     """The ``input`` dict for tool arguments; non-object or invalid JSON is wrapped verbatim."""
     try:
         value = json.loads(arguments, parse_constant=_reject_constant)
@@ -369,7 +366,7 @@ def _content_block(block: Block) -> dict[str, object]:
             "type": "tool_use",
             "id": block.id,
             "name": block.name,
-            "input": tool_input(block.arguments),
+            "input": _tool_input(block.arguments),
         }
     raise ValueError("an assistant reply cannot contain media")
 
@@ -498,7 +495,7 @@ class StreamEncoder:
 
 
 def _arguments_json(arguments: str) -> str:
-    return compact_dumps(tool_input(arguments))
+    return compact_dumps(_tool_input(arguments))
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -525,3 +522,38 @@ def error_response(
     del param
     status, error_type = _ERRORS[kind]
     return status, {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+# -- the dialect -------------------------------------------------------------------------------
+
+
+class AnthropicDialect(Dialect):
+    """Anthropic Messages behind the server's uniform :class:`Dialect`."""
+
+    name = DIALECT
+
+    def parse_request(self, body: object) -> NeutralRequest:
+        return parse_request(body)
+
+    def response_body(
+        self,
+        request: NeutralRequest,
+        reply: ParsedReply,
+        usage: Usage,
+        stop: StopReason,
+        response_id: str,
+        logprobs: Logprobs,
+    ) -> dict[str, object]:
+        del logprobs  # the Messages API has no token logprobs
+        return response_body(reply, usage, stop, request.model, response_id)
+
+    def stream_encoder(self, request: NeutralRequest, response_id: str) -> StreamEncoder:
+        return StreamEncoder(request.model, response_id)
+
+    def error_response(
+        self, kind: ErrorKind, message: str, param: str | None = None
+    ) -> tuple[int, dict[str, object]]:
+        return error_response(kind, message, param)
+
+    def new_response_id(self) -> str:
+        return "msg_" + secrets.token_hex(12)

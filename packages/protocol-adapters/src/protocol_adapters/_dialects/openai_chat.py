@@ -63,7 +63,9 @@ from .json_shape import (
 )
 from .openai_errors import openai_error
 from .openai_logprobs import logprob_entries, top_logprobs
-from .openai_tools import function_tools, nested, tool_choice
+from .openai_media import image_media
+from .openai_tools import nested, tool_fields
+from .protocol import Dialect, Logprobs
 from .sse_writer import DONE, sse_event
 from .structured_output import openai_schema
 
@@ -99,10 +101,6 @@ _FINISH_REASONS = {
 }
 
 
-def new_response_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
-
-
 # -- requests ----------------------------------------------------------------------------------
 
 
@@ -123,11 +121,7 @@ def parse_request(body: object) -> NeutralRequest:
         fail("n", f"only one choice per request is supported, got {n}")
 
     metadata: dict[str, str] = {}
-    tools = function_tools(root.get("tools"), metadata, nested)
-    tool_choice(root.get("tool_choice"), metadata, nested)
-    parallel = optional_bool(root, "parallel_tool_calls", "")
-    if parallel is not None:
-        metadata["parallel_tool_calls"] = "true" if parallel else "false"
+    tools = tool_fields(root, metadata, nested)
     effort = optional_str(root, "reasoning_effort", "")
     if effort is not None:
         metadata["reasoning_effort"] = effort
@@ -245,15 +239,7 @@ def _image(part: JsonObject, path: str) -> Media:
         if isinstance(image, str)
         else required_str(expect_object(image, at(path, "image_url")), "url", at(path, "image_url"))
     )
-    return Media(data_url_type(url) or "image", url)
-
-
-def data_url_type(url: str) -> str | None:
-    """The media type of a ``data:`` URL (``data:image/png;base64,...`` -> ``image/png``)."""
-    if not url.startswith("data:"):
-        return None
-    head = url[5:].split(",", 1)[0]
-    return head.split(";", 1)[0] or None
+    return image_media(url)
 
 
 def _assistant(obj: JsonObject, path: str) -> Message:
@@ -312,19 +298,6 @@ def _usage(usage: Usage) -> dict[str, int]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
-
-
-def echoed(message: Message) -> Message:
-    """A reply as a Chat Completions client holds it: one reasoning text, one content text, then
-    the calls. The wire keeps no order between text and calls, so text the model wrote after a
-    call (or whitespace, as Hermes-style templates write) comes back joined with the rest."""
-    reasoning = "".join(r.text for r in message.reasoning)
-    text = "".join(b.text for b in message.content if isinstance(b, Text))
-    blocks: list[Block] = [Reasoning(reasoning)] if reasoning else []
-    if text:
-        blocks.append(Text(text))
-    blocks.extend(message.tool_calls)
-    return dataclasses.replace(message, content=tuple(blocks))
 
 
 def _tool_call_json(call: ToolCall) -> dict[str, object]:
@@ -463,3 +436,51 @@ def error_response(
 ) -> tuple[int, dict[str, object]]:
     """HTTP status and OpenAI error body; context length carries ``context_length_exceeded``."""
     return openai_error(kind, message, param, context_param="messages")
+
+
+# -- the dialect -------------------------------------------------------------------------------
+
+
+class OpenAIChatDialect(Dialect):
+    """Chat Completions behind the server's uniform :class:`Dialect`."""
+
+    name = DIALECT
+
+    def parse_request(self, body: object) -> NeutralRequest:
+        return parse_request(body)
+
+    def response_body(
+        self,
+        request: NeutralRequest,
+        reply: ParsedReply,
+        usage: Usage,
+        stop: StopReason,
+        response_id: str,
+        logprobs: Logprobs,
+    ) -> dict[str, object]:
+        return response_body(reply, usage, stop, request.model, response_id, logprobs=logprobs)
+
+    def stream_encoder(self, request: NeutralRequest, response_id: str) -> StreamEncoder:
+        include_usage = request.metadata.get("include_usage") == "true"
+        return StreamEncoder(request.model, response_id, include_usage=include_usage)
+
+    def error_response(
+        self, kind: ErrorKind, message: str, param: str | None = None
+    ) -> tuple[int, dict[str, object]]:
+        return error_response(kind, message, param)
+
+    def new_response_id(self) -> str:
+        return "chatcmpl-" + secrets.token_hex(12)
+
+    def echoed(self, message: Message) -> Message:
+        """A reply as a Chat Completions client holds it: one reasoning text, one content text,
+        then the calls. The wire keeps no order between text and calls, so text the model wrote
+        after a call (or whitespace, as Hermes-style templates write) comes back joined with the
+        rest."""
+        reasoning = "".join(r.text for r in message.reasoning)
+        text = "".join(b.text for b in message.content if isinstance(b, Text))
+        blocks: list[Block] = [Reasoning(reasoning)] if reasoning else []
+        if text:
+            blocks.append(Text(text))
+        blocks.extend(message.tool_calls)
+        return dataclasses.replace(message, content=tuple(blocks))

@@ -48,7 +48,7 @@ from protocol_adapters._types import (
     ToolCallDone,
     Usage,
 )
-from trajectory_tree import Block, Media, Message, Prompt, Reasoning, Text, ToolCall
+from trajectory_tree import Block, Message, Prompt, Reasoning, Text, ToolCall
 
 from .json_shape import (
     JsonObject,
@@ -67,10 +67,11 @@ from .json_shape import (
     unknown_keys,
 )
 from .opaque import decode_reasoning, encode_reasoning
-from .openai_chat import data_url_type
 from .openai_errors import error_code, openai_error
 from .openai_logprobs import logprob_entries, top_logprobs
-from .openai_tools import flat, function_tools, tool_choice
+from .openai_media import image_media
+from .openai_tools import flat, tool_fields
+from .protocol import Dialect, Logprobs
 from .sse_writer import sse_event
 from .structured_output import openai_schema
 
@@ -108,10 +109,6 @@ _MESSAGE_ROLES = {
 }
 
 
-def new_response_id() -> str:
-    return "resp_" + secrets.token_hex(12)
-
-
 # -- requests ----------------------------------------------------------------------------------
 
 
@@ -134,11 +131,7 @@ def parse_request(body: object) -> NeutralRequest:
         fail("input", "must contain at least one item")
 
     metadata: dict[str, str] = {}
-    tools = function_tools(root.get("tools"), metadata, flat)
-    tool_choice(root.get("tool_choice"), metadata, flat)
-    parallel = optional_bool(root, "parallel_tool_calls", "")
-    if parallel is not None:
-        metadata["parallel_tool_calls"] = "true" if parallel else "false"
+    tools = tool_fields(root, metadata, flat)
     reasoning = optional_object(root, "reasoning", "")
     if reasoning is not None:
         for key in ("effort", "summary"):
@@ -247,7 +240,7 @@ def _content(content: object, path: str, images: bool) -> tuple[Block, ...]:
                 fail(
                     at(part_path, "image_url"), "field required (file_id images are not supported)"
                 )
-            blocks.append(Media(data_url_type(url) or "image", url))
+            blocks.append(image_media(url))
         else:
             fail(at(part_path, "type"), f"unsupported content part type {kind!r} here")
     return tuple(blocks)
@@ -329,7 +322,7 @@ def _function_call_item(
     }
 
 
-def output_items(message: Message, response_id: str) -> list[dict[str, object]]:
+def _output_items(message: Message, response_id: str) -> list[dict[str, object]]:
     """A reply's output items: one per reasoning block and tool call, one per run of text."""
     items: list[dict[str, object]] = []
     texts: list[str] | None = None
@@ -427,7 +420,7 @@ def _final_status(stop: StopReason) -> str:
     return "incomplete" if stop is StopReason.MAX_TOKENS else "completed"
 
 
-def with_logprobs(
+def _with_logprobs(
     output: list[dict[str, object]], tokens: Sequence[TokenLogprob]
 ) -> list[dict[str, object]]:
     """``output`` with every generated token's logprob on the first ``output_text`` part (a
@@ -455,9 +448,9 @@ def response_body(
     """The non-streaming ``response`` object; ``request`` fills the echoed settings (tools...),
     ``logprobs`` are the generated tokens when the client included them."""
     created = int(time.time()) if created_at is None else created_at
-    output = output_items(reply.message, response_id)
+    output = _output_items(reply.message, response_id)
     if logprobs is not None:
-        output = with_logprobs(output, logprobs)
+        output = _with_logprobs(output, logprobs)
     return _response(response_id, model, created, _final_status(stop), output, usage, request)
 
 
@@ -545,7 +538,7 @@ class StreamEncoder:
         if self._request is not None and self._request.sampling.logprobs:
             output = response["output"]
             assert isinstance(output, list)
-            response["output"] = with_logprobs(output, self._tokens)
+            response["output"] = _with_logprobs(output, self._tokens)
         return out + self._emit(event, response=response)
 
     def error(self, kind: ErrorKind, message: str) -> bytes:
@@ -683,3 +676,40 @@ def error_response(
 ) -> tuple[int, dict[str, object]]:
     """HTTP status and OpenAI error body; context length carries ``context_length_exceeded``."""
     return openai_error(kind, message, param, context_param="input")
+
+
+# -- the dialect -------------------------------------------------------------------------------
+
+
+class OpenAIResponsesDialect(Dialect):
+    """OpenAI Responses behind the server's uniform :class:`Dialect`; the request rides along
+    because a Response object repeats its settings back."""
+
+    name = DIALECT
+
+    def parse_request(self, body: object) -> NeutralRequest:
+        return parse_request(body)
+
+    def response_body(
+        self,
+        request: NeutralRequest,
+        reply: ParsedReply,
+        usage: Usage,
+        stop: StopReason,
+        response_id: str,
+        logprobs: Logprobs,
+    ) -> dict[str, object]:
+        return response_body(
+            reply, usage, stop, request.model, response_id, request=request, logprobs=logprobs
+        )
+
+    def stream_encoder(self, request: NeutralRequest, response_id: str) -> StreamEncoder:
+        return StreamEncoder(request.model, response_id, request=request)
+
+    def error_response(
+        self, kind: ErrorKind, message: str, param: str | None = None
+    ) -> tuple[int, dict[str, object]]:
+        return error_response(kind, message, param)
+
+    def new_response_id(self) -> str:
+        return "resp_" + secrets.token_hex(12)

@@ -1,10 +1,11 @@
-"""Function tools and ``tool_choice``, read once for both OpenAI dialects.
+"""The OpenAI tool fields (``tools``, ``tool_choice``, ``parallel_tool_calls``), read once.
 
 Chat Completions nests a function's ``name``, ``description`` and ``parameters`` under a
 ``function`` key; Responses puts them on the tool (or ``tool_choice``) object itself. Everything
 else (which tools are offered, which are only listed as ignored, what ``tool_choice`` may say,
 every error message) is the same, so each dialect passes only where its definitions live:
-:func:`nested` or :func:`flat`.
+:func:`nested` or :func:`flat`. Anthropic's tools differ in kind and shape (``custom`` tools,
+``input_schema``, its own ``tool_choice`` types) and stay in ``anthropic.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .json_shape import (
     expect_list,
     expect_object,
     fail,
+    optional_bool,
     optional_object,
     optional_str,
     require,
@@ -41,7 +43,20 @@ def flat(obj: JsonObject, path: str) -> tuple[JsonObject, str]:
     return obj, path
 
 
-def function_tools(
+def tool_fields(
+    root: JsonObject, metadata: dict[str, str], function_at: FunctionAt
+) -> list[ToolSpec]:
+    """The request's function tools; ``tool_choice`` and ``parallel_tool_calls`` go to
+    ``metadata`` (read in this order, so the first bad field is the one reported)."""
+    tools = _function_tools(root.get("tools"), metadata, function_at)
+    _tool_choice(root.get("tool_choice"), metadata, function_at)
+    parallel = optional_bool(root, "parallel_tool_calls", "")
+    if parallel is not None:
+        metadata["parallel_tool_calls"] = "true" if parallel else "false"
+    return tools
+
+
+def _function_tools(
     raw: object, metadata: dict[str, str], function_at: FunctionAt
 ) -> list[ToolSpec]:
     """The ``type: "function"`` tools; other types go to ``metadata["ignored_tools"]``."""
@@ -70,7 +85,7 @@ def function_tools(
     return specs
 
 
-def tool_choice(raw: object, metadata: dict[str, str], function_at: FunctionAt) -> None:
+def _tool_choice(raw: object, metadata: dict[str, str], function_at: FunctionAt) -> None:
     """``tool_choice`` into ``metadata["tool_choice"]`` (and ``tool_choice_name`` for one)."""
     if raw is None:
         return
