@@ -2,7 +2,7 @@
 
     uv run tools/mutation.py                                  # both targets, every mutant
     uv run tools/mutation.py --targets core                   # trajectory-tree's core only
-    uv run tools/mutation.py --targets bridge --modules check.py,scaffold.py
+    uv run tools/mutation.py --targets bridge --modules check.py,bridge.py
     uv run tools/mutation.py --targets core --list            # the mutants, none run
     uv run tools/mutation.py --targets core --only 12,40      # re-run two of them
     uv run tools/mutation.py --targets core --modules _canonical.py \\
@@ -123,11 +123,10 @@ TARGETS: dict[str, Target] = {
     "bridge": Target(
         "packages/protocol-adapters/src/protocol_adapters",
         (
-            "_rendering/renderer.py",
-            "_rendering/conversation.py",
-            "_rendering/scaffold.py",
-            "_rendering/segments.py",
-            "_rendering/check.py",
+            "_bridge/renderer.py",
+            "_bridge/bridge.py",
+            "_template/context.py",
+            "_bridge/check.py",
         ),
         (
             "packages/protocol-adapters/tests/test_render_bridge.py",
@@ -222,41 +221,41 @@ EQUIVALENT: dict[str, str] = {
         "the key marks errors the other way round: keys still differ exactly when is_error does"
     ),
     # -- bridge
-    "_rendering/renderer.py::RendererConfig::context_cache_size: int = 16"
+    "_bridge/renderer.py::RendererConfig::context_cache_size: int = 16"
     " => context_cache_size: int = 17": (
         "the default size of the cache of probe results: a context pushed out is probed again,"
         " to the same results (test_the_probes_of_the_most_recently_used_contexts_are_kept holds"
         " a size given)"
     ),
-    "_rendering/renderer.py::_names_for::index = matched - 1 => index = matched - 0": (
+    "_template/context.py::names_for::index = matched - 1 => index = matched - 0": (
         "the walk back starts at the first new message instead of the one before it: that"
         " message's calls are in names already and out of wanted, so it finds nothing there"
     ),
-    "_rendering/renderer.py::Renderer._reasoning_kept::skeleton, add_generation_prompt=False,"
-    " names=call_names(skeleton) => skeleton, add_generation_prompt=True,"
-    " names=call_names(skeleton)": (
+    "_bridge/bridge.py::_reasoning_kept::text = context.render(skeleton,"
+    " add_generation_prompt=False, names=call_names(skeleton)) => text ="
+    " context.render(skeleton, add_generation_prompt=True, names=call_names(skeleton))": (
         "the skeleton ends on the request's last message, never a reply (a request ending on a"
         " reply is rendered in full), and a generation prompt after it is an append: " + _APPEND
     ),
-    "_rendering/conversation.py::TemplateContext.header::text = self.render_after(key[0],"
+    "_template/context.py::TemplateContext.header::text = self.render_after(key[0],"
     " (probe,), gen=False) => text = self.render_after(key[0], (probe,), gen=True)": (
         "a generation prompt after the probe is an append, so the text before its content is"
         " the same: " + _APPEND
     ),
-    "_rendering/conversation.py::Slot::leading: bool = False => leading: bool = True": (
+    "_template/context.py::Slot::leading: bool = False => leading: bool = True": (
         "Slot.of sets leading for every system message and base() reads it only for a system"
         " slot: the default changes only the cache keys of other slots"
     ),
-    "_rendering/conversation.py::Slot::text: bool = True => text: bool = False": (
+    "_template/context.py::Slot::text: bool = True => text: bool = False": (
         "base() reads text only for an assistant slot with calls, and every such slot comes from"
         " Slot.of, which sets it: the default changes only cache keys"
     ),
-    "_rendering/segments.py::common_prefix_at::limit = min(len(piece), len(text) - start)"
+    "_template/context.py::common_prefix_at::limit = min(len(piece), len(text) - start)"
     " => limit = min(len(piece), (len(text) + start))": (
         "a bound past the text's end only widens the binary search: a prefix longer than the"
         " text left never matches, so the same longest prefix is found"
     ),
-    "_rendering/segments.py::message_regions::if len(messages) == 1: => if len(messages) == 0:": (
+    "_template/context.py::message_regions::if len(messages) == 1: => if len(messages) == 0:": (
         "one message's region is the whole text either way (the loop renders it once more, alone"
         " and without the generation prompt it was just rendered with, for an end it then"
         " replaces with the text's), and no caller passes no messages (_bridge labels only new"

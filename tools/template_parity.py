@@ -73,19 +73,10 @@ from rich.table import Table
 from tokenizers import AddedToken, Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters._engine import SGLangConfig, SGLangEngine
-from protocol_adapters._parsing import BuiltinReplyParser, ParserConfig, ToolCallFormat
-from protocol_adapters._rendering import (
-    ChatTemplate,
-    FindingKind,
-    Renderer,
-    RendererConfig,
-    TemplateMode,
-    Verdict,
-    audit_source,
-)
-from protocol_adapters._rendering.diagnosis import GENERATION_PROMPT_DIFFERS
-from protocol_adapters._rendering.renderer import (
+from protocol_adapters._audit import FindingKind, TemplateMode, Verdict, audit_source
+from protocol_adapters._audit.verdict import GENERATION_PROMPT_DIFFERS
+from protocol_adapters._bridge import Renderer, RendererConfig
+from protocol_adapters._bridge.notes import (
     OUTPUT_KEPT,
     PROMPT_MISMATCH,
     REASONING_KEPT,
@@ -93,9 +84,12 @@ from protocol_adapters._rendering.renderer import (
     TEMPLATE_DEVIATIONS,
     TEMPLATE_MODE,
 )
+from protocol_adapters._engine import SGLangConfig, SGLangEngine
+from protocol_adapters._parsing import BuiltinReplyParser, ParserConfig, ToolCallFormat
 from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
+from protocol_adapters._template import ChatTemplate
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters._tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 from protocol_adapters.testing import EngineDouble, Qwen3ReplyEncoder, ScriptedReply

@@ -48,7 +48,7 @@ from protocol_adapters import (
     qwen3_template,
 )
 from protocol_adapters._parsing import BuiltinReplyParser
-from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._template.messages import template_messages, template_tools
 from trajectory_tree import (
     Completion,
     FinishReason,

@@ -18,11 +18,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
+from protocol_adapters._bridge import Renderer
+from protocol_adapters._bridge.renderer import RenderedPrompt
 from protocol_adapters._parsing import BuiltinReplyParser, new_call_id
 from protocol_adapters._parsing.tool_markup import CallIdFactory
-from protocol_adapters._rendering import Renderer
-from protocol_adapters._rendering.renderer import RenderedPrompt
-from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._template.messages import template_messages, template_tools
 from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import (
     Completion,

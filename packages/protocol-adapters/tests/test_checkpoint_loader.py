@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from protocol_adapters._rendering.template import qwen3_template
-from protocol_adapters._tokenizer.checkpoint import CheckpointError, load_checkpoint
+from protocol_adapters._checkpoint import CheckpointError, load_checkpoint
+from protocol_adapters._template.template import qwen3_template
 from trajectory_tree import Message, Text, ToolCall, ToolSpec
 
 SMALL = Path(__file__).parent / "fixtures" / "small_tokenizer.json"

@@ -19,7 +19,7 @@ import anthropic
 import pytest
 
 from protocol_adapters.__main__ import _parser, _policy, main
-from protocol_adapters._rendering.renderer import TEMPLATE_MODE
+from protocol_adapters._bridge.notes import TEMPLATE_MODE
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer

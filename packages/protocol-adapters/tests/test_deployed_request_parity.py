@@ -22,21 +22,14 @@ import openai
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from protocol_adapters._audit import FindingKind, TemplateMode, Verdict, audit_template
+from protocol_adapters._bridge import Renderer, RendererConfig
+from protocol_adapters._bridge.notes import OUTPUT_KEPT, PROMPT_MISMATCH
 from protocol_adapters._engine import SGLangConfig, SGLangEngine
-from protocol_adapters._rendering import (
-    ChatTemplate,
-    FindingKind,
-    Renderer,
-    RendererConfig,
-    TemplateMode,
-    ToolResultNames,
-    Verdict,
-    audit_template,
-)
-from protocol_adapters._rendering.renderer import OUTPUT_KEPT, PROMPT_MISMATCH
 from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
+from protocol_adapters._template import ChatTemplate, ToolResultNames
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble, ScriptedReply
 from protocol_adapters.testing.stack import VocabularyTokenizer

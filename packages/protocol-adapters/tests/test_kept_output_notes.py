@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from protocol_adapters._rendering import ChatTemplate, Renderer, RendererConfig, TemplateMode
-from protocol_adapters._rendering.renderer import OUTPUT_KEPT, REASONING_KEPT
+from protocol_adapters._audit import TemplateMode
+from protocol_adapters._bridge import Renderer, RendererConfig
+from protocol_adapters._bridge.notes import OUTPUT_KEPT, REASONING_KEPT
+from protocol_adapters._template import ChatTemplate
 from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import summarize
 

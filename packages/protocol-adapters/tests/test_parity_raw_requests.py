@@ -20,7 +20,7 @@ import anthropic
 import openai
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters._rendering.template import qwen3_template
+from protocol_adapters._template.template import qwen3_template
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import local_stack

@@ -22,34 +22,30 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
-from protocol_adapters._parsing import BuiltinReplyParser
-from protocol_adapters._rendering import (
-    ChatTemplate,
-    PromptTooLong,
-    Renderer,
-    RendererConfig,
-    TemplateMode,
-    qwen3_template,
-)
-from protocol_adapters._rendering.check import Place, _whole, check_reply
-from protocol_adapters._rendering.conversation import (
-    SENTINEL,
-    BridgeText,
-    Slot,
-    TemplateContext,
-    bridge_text,
-)
-from protocol_adapters._rendering.renderer import (
+from protocol_adapters._audit import TemplateMode
+from protocol_adapters._bridge import PromptTooLong, Renderer, RendererConfig
+from protocol_adapters._bridge.bridge import _skeleton, segment_ids
+from protocol_adapters._bridge.check import Place, _whole, check_reply
+from protocol_adapters._bridge.notes import (
     ENDS_ON_REPLY,
     KEPT_EARLIER,
     OUTPUT_KEPT,
     PROMPT_MISMATCH,
     TEMPLATE_MODE,
-    _names_for,
-    _skeleton,
 )
-from protocol_adapters._rendering.segments import common_prefix_at, label_text, segment_ids
-from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._parsing import BuiltinReplyParser
+from protocol_adapters._template import ChatTemplate, qwen3_template
+from protocol_adapters._template.context import (
+    SENTINEL,
+    BridgeText,
+    Slot,
+    TemplateContext,
+    bridge_text,
+    common_prefix_at,
+    label_text,
+    names_for,
+)
+from protocol_adapters._template.messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import (
@@ -682,13 +678,13 @@ def test_a_result_is_named_after_the_nearest_call_with_its_id_before_it() -> Non
     earlier = [user, call("c0", "bash"), answer("c0")]
     both = (ToolCall("c0", "read", "{}"), ToolCall("c1", "grep", "{}"))
     latest = [*earlier, Message("assistant", both)]
-    assert _names_for([*latest, answer("c0"), answer("c1")], len(latest)) == {
+    assert names_for([*latest, answer("c0"), answer("c1")], len(latest)) == {
         "c0": "read",
         "c1": "grep",
     }
     matched = [*earlier, Message.text("user", "again")]
     written = [call("c0", "read"), answer("c0")]  # a call the client wrote, then its result
-    assert _names_for([*matched, *written], len(matched)) == {"c0": "read"}
+    assert names_for([*matched, *written], len(matched)) == {"c0": "read"}
 
 
 def test_a_skeleton_keeps_a_messages_shape_and_none_of_its_length() -> None:

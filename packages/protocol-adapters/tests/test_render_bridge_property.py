@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
+from protocol_adapters._bridge import Renderer, RendererConfig
 from protocol_adapters._parsing import BuiltinReplyParser
-from protocol_adapters._rendering import Renderer, RendererConfig, qwen3_template
-from protocol_adapters._rendering.template_messages import template_messages, template_tools
+from protocol_adapters._template import qwen3_template
+from protocol_adapters._template.messages import template_messages, template_tools
 from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import (
     BridgedPrompt,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol_adapters._rendering import ChatTemplate, TemplateError, qwen3_template
+from protocol_adapters._template import ChatTemplate, TemplateError, qwen3_template
 from trajectory_tree import Message, ToolSpec
 
 
@@ -52,7 +52,7 @@ def test_render_variables_match_transformers() -> None:
     """As transformers 5 renders: ``documents`` is None, reasoning is also ``thinking``, tool
     results carry the name of the function they answer, arguments are a mapping."""
     transformers = pytest.importorskip("transformers")
-    from protocol_adapters._rendering.template_messages import template_messages
+    from protocol_adapters._template.messages import template_messages
     from trajectory_tree import Reasoning, Text, ToolCall
 
     source = (
@@ -75,7 +75,7 @@ def test_json_escaping_a_lone_surrogate_never_reaches_a_template_decoded() -> No
     """``{"arg": "\\ud800"}`` is valid JSON text whose decoding is not Unicode (no tokenizer
     takes it): such arguments reach the template as the text the client sent; such tool
     parameters are the client's error."""
-    from protocol_adapters._rendering.template_messages import template_messages, template_tools
+    from protocol_adapters._template.messages import template_messages, template_tools
     from protocol_adapters._types import AdapterError
     from trajectory_tree import ToolCall
 

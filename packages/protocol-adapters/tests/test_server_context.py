@@ -16,14 +16,14 @@ from typing import Any
 import anthropic
 import pytest
 
+from protocol_adapters._bridge.renderer import Renderer
 from protocol_adapters._engine import SGLangConfig, SGLangEngine
-from protocol_adapters._rendering.renderer import Renderer
-from protocol_adapters._rendering.template import qwen3_template
 from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
 from protocol_adapters._server.sessions import ContextTooLarge, SessionLimits
 from protocol_adapters._server.shortened import Refused, dropped_history
+from protocol_adapters._template.template import qwen3_template
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import EngineDouble
 from protocol_adapters.testing.stack import VocabularyTokenizer, local_stack

@@ -18,19 +18,15 @@ from typing import Any
 import pytest
 import transformers.utils.chat_template_utils as hf_templates
 
-from protocol_adapters._rendering import (
-    ChatTemplate,
+from protocol_adapters._audit import (
     FindingKind,
-    RenderedPrompt,
-    Renderer,
-    RendererConfig,
     TemplateMode,
     TemplateRefused,
     Verdict,
     audit_template,
-    qwen3_template,
 )
-from protocol_adapters._rendering.renderer import (
+from protocol_adapters._bridge import RenderedPrompt, Renderer, RendererConfig
+from protocol_adapters._bridge.notes import (
     FAILED_CHECK,
     FULL_RENDER_MODE,
     OUTPUT_KEPT,
@@ -41,8 +37,9 @@ from protocol_adapters._rendering.renderer import (
     TEMPLATE_DEVIATIONS,
     TEMPLATE_MODE,
 )
-from protocol_adapters._rendering.segments import MAX_SCAFFOLD_CHARS
-from protocol_adapters._rendering.template_messages import template_messages
+from protocol_adapters._template import ChatTemplate, qwen3_template
+from protocol_adapters._template.context import MAX_SCAFFOLD_CHARS
+from protocol_adapters._template.messages import template_messages
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters._types import AdapterError
 from trajectory_tree import (
@@ -244,7 +241,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
         def now(cls, tz: object = None) -> Clock:
             return cls.fromtimestamp(now[0].timestamp())
 
-    monkeypatch.setattr("protocol_adapters._rendering.renderer.datetime", Clock)
+    monkeypatch.setattr("protocol_adapters._bridge.renderer.datetime", Clock)
     monkeypatch.setattr(hf_templates, "datetime", Clock)
     return now
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from protocol_adapters._audit.verdict import TemplateMode, TemplateRefused
+    from protocol_adapters._bridge.renderer import Renderer, RendererConfig
+    from protocol_adapters._checkpoint import Checkpoint, CheckpointError, load_checkpoint
     from protocol_adapters._engine import (
         Engine,
         GenerateChunk,
@@ -31,9 +34,6 @@ if TYPE_CHECKING:
         SGLangEngine,
     )
     from protocol_adapters._parsing.config import ParserConfig, ToolCallFormat
-    from protocol_adapters._rendering.renderer import Renderer, RendererConfig
-    from protocol_adapters._rendering.template import ChatTemplate, qwen3_template
-    from protocol_adapters._rendering.verdict import TemplateMode, TemplateRefused
     from protocol_adapters._serve import serve
     from protocol_adapters._server.config import (
         AdapterConfig,
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from protocol_adapters._server.sessions import ContextTooLarge, Session, SessionLimits
     from protocol_adapters._server.side_requests import SideRequestRule
     from protocol_adapters._server.timing import TurnTiming, TurnTimings
+    from protocol_adapters._template.template import ChatTemplate, qwen3_template
     from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-    from protocol_adapters._tokenizer.checkpoint import Checkpoint, CheckpointError, load_checkpoint
     from protocol_adapters._types import AdapterError, ErrorKind
 
     __version__: str
@@ -104,9 +104,9 @@ _HOMES = {
         "SamplingParams",
     ),
     "protocol_adapters._parsing.config": ("ParserConfig", "ToolCallFormat"),
-    "protocol_adapters._rendering.renderer": ("Renderer", "RendererConfig"),
-    "protocol_adapters._rendering.template": ("ChatTemplate", "qwen3_template"),
-    "protocol_adapters._rendering.verdict": ("TemplateMode", "TemplateRefused"),
+    "protocol_adapters._bridge.renderer": ("Renderer", "RendererConfig"),
+    "protocol_adapters._template.template": ("ChatTemplate", "qwen3_template"),
+    "protocol_adapters._audit.verdict": ("TemplateMode", "TemplateRefused"),
     "protocol_adapters._server.config": (
         "AdapterConfig",
         "AdminConfig",
@@ -119,7 +119,7 @@ _HOMES = {
     "protocol_adapters._server.side_requests": ("SideRequestRule",),
     "protocol_adapters._server.timing": ("TurnTiming", "TurnTimings"),
     "protocol_adapters._tokenizer": ("QwenTokenizerConfig", "Vocabulary", "load_qwen3_vocabulary"),
-    "protocol_adapters._tokenizer.checkpoint": ("Checkpoint", "CheckpointError", "load_checkpoint"),
+    "protocol_adapters._checkpoint": ("Checkpoint", "CheckpointError", "load_checkpoint"),
     "protocol_adapters._types": ("AdapterError", "ErrorKind"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}

@@ -23,12 +23,16 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from protocol_adapters._audit.audit import audit_source
+from protocol_adapters._audit.verdict import TemplateMode, TemplateRefused, Verdict
+from protocol_adapters._bridge.renderer import Renderer, RendererConfig
+from protocol_adapters._checkpoint import (
+    CheckpointError,
+    chat_template_source,
+    load_checkpoint,
+)
 from protocol_adapters._engine import SGLangConfig, SGLangEngine
 from protocol_adapters._parsing import ParserConfig, ToolCallFormat
-from protocol_adapters._rendering.audit import audit_source
-from protocol_adapters._rendering.renderer import Renderer, RendererConfig
-from protocol_adapters._rendering.template import ChatTemplate, TemplateError, qwen3_template
-from protocol_adapters._rendering.verdict import TemplateMode, TemplateRefused, Verdict
 from protocol_adapters._server.config import (
     AdapterConfig,
     AdminConfig,
@@ -38,12 +42,8 @@ from protocol_adapters._server.config import (
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
 from protocol_adapters._server.sessions import ContextTooLarge, SessionLimits
+from protocol_adapters._template.template import ChatTemplate, TemplateError, qwen3_template
 from protocol_adapters._tokenizer import Vocabulary
-from protocol_adapters._tokenizer.checkpoint import (
-    CheckpointError,
-    chat_template_source,
-    load_checkpoint,
-)
 from protocol_adapters._tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 from protocol_adapters._types import AdapterError
 

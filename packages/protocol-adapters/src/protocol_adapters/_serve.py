@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from protocol_adapters._bridge.renderer import Renderer, RendererConfig
 from protocol_adapters._engine import SGLangConfig, SGLangEngine
 from protocol_adapters._parsing.config import ParserConfig
-from protocol_adapters._rendering.renderer import Renderer, RendererConfig
-from protocol_adapters._rendering.template import ChatTemplate, qwen3_template
 from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
+from protocol_adapters._template.template import ChatTemplate, qwen3_template
 from protocol_adapters._tokenizer import Vocabulary
 
 

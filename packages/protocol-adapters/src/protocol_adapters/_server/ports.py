@@ -32,7 +32,7 @@ class RenderedPrompt(Protocol):
 class PromptRenderer(Protocol):
     """Turns a routed request into prompt ids. Thread-safe: the server calls it off the loop.
 
-    ``render`` raises :class:`~protocol_adapters._rendering.PromptTooLong` as soon as it knows the
+    ``render`` raises :class:`~protocol_adapters._bridge.PromptTooLong` as soon as it knows the
     prompt holds more than ``max_tokens`` tokens (``None``: no limit), without rendering and
     tokenizing the rest of a huge request.
     """

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from protocol_adapters._bridge import PromptTooLong
 from protocol_adapters._dialects import DIALECTS
 from protocol_adapters._engine.protocol import Engine
 from protocol_adapters._engine.types import (
@@ -36,7 +37,6 @@ from protocol_adapters._engine.types import (
 from protocol_adapters._engine.versions import VersionRuns
 from protocol_adapters._parsing.decode import IncrementalDecoder
 from protocol_adapters._parsing.stream import events_of
-from protocol_adapters._rendering import PromptTooLong
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters._types import (
     AdapterError,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from protocol_adapters._rendering.template import qwen3_template
+from protocol_adapters._template.template import qwen3_template
 from protocol_adapters._tokenizer import Vocabulary
 
 END_OF_TURN = "<|im_end|>"

@@ -12,12 +12,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol_adapters._bridge.renderer import Renderer, RendererConfig
 from protocol_adapters._engine import SGLangConfig, SGLangEngine
-from protocol_adapters._rendering.renderer import Renderer, RendererConfig
-from protocol_adapters._rendering.template import qwen3_template
 from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._server.runner import AdapterServer
+from protocol_adapters._template.template import qwen3_template
 from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters._tokenizer.qwen import QwenTokenizerConfig, load_qwen3_vocabulary
 

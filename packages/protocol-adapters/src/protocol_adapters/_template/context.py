@@ -23,15 +23,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from trajectory_tree import Message, Prompt, Role, Text, ToolCall
+from trajectory_tree import LossReason, Message, Prompt, Role, Text, ToolCall
 
-from .template import ChatTemplate, TemplateError
-from .template_messages import (
+from .messages import (
     ToolResultNames,
+    call_names,
     template_messages,
     template_options,
     template_tools,
 )
+from .template import ChatTemplate, TemplateError
 
 SENTINEL = "\u2063probe\u2063"
 """Content of probe messages: text no real message starts or ends with."""
@@ -223,6 +224,40 @@ class TemplateContext:
             self._assistant_tail = text[at + len(SENTINEL) :]
         return self._assistant_tail
 
+    def append(self, messages: Sequence[Message], matched: int) -> Appended | None:
+        """What the template writes for ``messages[matched:]`` (a turn's new messages) after
+        their real predecessor, learned from probes ending like it; None when it does not render
+        them as an append (then only a full render is right). Raises :class:`TemplateError`
+        when the template refuses a probe or the messages."""
+        names = names_for(messages, matched)
+        last = Slot.of(messages, len(messages) - 1, names)
+        new = messages[matched:]
+        if not new:
+            return Appended("", self.generation_prompt(last), [], last, names)
+        previous = Slot.of(messages, matched - 1, names) if matched else None
+        text = bridge_text(self, previous, new, last, names)
+        if text is None:
+            return None
+        slots = [
+            previous,
+            *(Slot.of(messages, i, names) for i in range(matched, len(messages) - 1)),
+        ]
+        labels = label_text(self, slots, new, text.body, names)
+        return Appended(text.body, text.generation, labels, last, names)
+
+    def reply_text(
+        self, messages: Sequence[Message], index: int, names: Mapping[str, str]
+    ) -> str | None:
+        """``messages[index]`` (a reply) as the template renders it in history, after a probe
+        ending like the message before it; None when no probe can tell."""
+        before = Slot.of(messages, index - 1, names) if index >= 1 else None
+        try:
+            base = self.base_text(before)
+            rendered = self.render_after(before, (messages[index],), gen=False, names=names)
+        except TemplateError:
+            return None
+        return rendered[len(base) :] if rendered.startswith(base) else None
+
     def header(self, previous: Slot | None, role: Role) -> str | None:
         """The text a ``role`` message starts with after a ``previous`` message, if learnable."""
         key = (previous.generic() if previous is not None else None, role)
@@ -234,6 +269,36 @@ class TemplateContext:
             header = text[len(base_text) : at] if at >= 0 and text.startswith(base_text) else None
             self._headers[key] = header
         return self._headers[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """A turn's new messages as the template writes them (:meth:`TemplateContext.append`):
+    ``body``, then ``generation`` (the generation prompt after ``last``, the slot of the last
+    message); ``labels``: loss reasons over ``body`` (:func:`label_text`); ``names``: the
+    functions the new tool results answer."""
+
+    body: str
+    generation: str
+    labels: list[tuple[int, LossReason]]
+    last: Slot
+    names: Mapping[str, str]
+
+
+def names_for(messages: Sequence[Message], matched: int) -> dict[str, str]:
+    """Function names of the calls the new messages' tool results answer: found by walking
+    back from the last matched message (the calls are in the turns just before)."""
+    wanted = {m.tool_call_id for m in messages[matched:] if m.tool_call_id is not None}
+    names = call_names(messages[matched:])
+    wanted -= names.keys()
+    index = matched - 1
+    while wanted and index >= 0:
+        for call in messages[index].tool_calls:
+            if call.id in wanted:
+                names[call.id] = call.name
+                wanted.discard(call.id)
+        index -= 1
+    return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,3 +329,109 @@ def bridge_text(
     ):
         return None
     return BridgeText(text[len(base) : len(text) - len(generation)], generation)
+
+
+# -- loss labels of the bridged text ------------------------------------------------------------
+# All of it is loss 0: the labels only answer "why wasn't this trained?". Tool results are
+# ``tool_output``, other messages ``context``, and the short template text around a message's
+# content (role headers, ``<|im_end|>``, ``<tool_response>`` tags) ``template_scaffold``.
+#
+# Message boundaries are found without assuming anything about the template: each message is
+# rendered alone after a probe conversation ending like its predecessor, and the longest prefix
+# of that piece found at the current position of the real text is the message's region. A
+# template that groups consecutive tool results (one ``<|im_end|>`` after the last) still splits
+# right: the lone rendering's closing tag is simply where the match stops. Labels never decide
+# tokens: a template that refuses one of the small label probes gets coarser labels, not an error.
+
+MAX_SCAFFOLD_CHARS = 64
+"""Template text around a message longer than this (a system prompt, a tools block) is context."""
+
+
+def common_prefix_at(text: str, start: int, piece: str) -> int:
+    """Length of the longest prefix of ``piece`` that ``text`` has at ``start``."""
+    limit = min(len(piece), len(text) - start)
+    if text.startswith(piece[:limit], start):
+        return limit
+    low, high = 0, limit  # a prefix of length `low` matches, of length `high` does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if text.startswith(piece[:middle], start):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def message_regions(
+    context: TemplateContext,
+    slots: Sequence[Slot | None],
+    messages: Sequence[Message],
+    text: str,
+    names: Mapping[str, str],
+) -> list[tuple[int, int]]:
+    """``[start, end)`` of each message in ``text`` (the rendering of ``messages``, each after
+    the message of ``slots[i]``); the last region runs to the end of ``text``."""
+    if len(messages) == 1:
+        return [(0, len(text))]
+    regions: list[tuple[int, int]] = []
+    cursor = 0
+    for slot, message in zip(slots, messages, strict=True):
+        base = context.base_text(slot)
+        alone = context.render_after(slot, (message,), gen=False, names=names)
+        piece = alone[common_prefix_at(alone, 0, base) :]
+        end = cursor + common_prefix_at(text, cursor, piece)
+        regions.append((cursor, end))
+        cursor = end
+    if regions:
+        start, _ = regions[-1]
+        regions[-1] = (start, len(text))
+    return regions
+
+
+def _scaffold_or(reason: LossReason, length: int) -> LossReason:
+    return LossReason.TEMPLATE_SCAFFOLD if length <= MAX_SCAFFOLD_CHARS else reason
+
+
+def label_text(
+    context: TemplateContext,
+    slots: Sequence[Slot | None],
+    messages: Sequence[Message],
+    text: str,
+    names: Mapping[str, str],
+) -> list[tuple[int, LossReason]]:
+    """``(end, reason)`` character spans covering ``text`` in order; ``slots[i]`` is the slot
+    ``messages[i]`` follows. A template that refuses a label probe gets one span per reason."""
+    try:
+        return _label_text(context, slots, messages, text, names)
+    except (TemplateError, ValueError):
+        tools_only = all(m.role == "tool" for m in messages)
+        return [(len(text), LossReason.TOOL_OUTPUT if tools_only else LossReason.CONTEXT)]
+
+
+def _label_text(
+    context: TemplateContext,
+    slots: Sequence[Slot | None],
+    messages: Sequence[Message],
+    text: str,
+    names: Mapping[str, str],
+) -> list[tuple[int, LossReason]]:
+    spans: list[tuple[int, LossReason]] = []
+    regions = message_regions(context, slots, messages, text, names)
+    for slot, message, (start, end) in zip(slots, messages, regions, strict=True):
+        reason = LossReason.TOOL_OUTPUT if message.role == "tool" else LossReason.CONTEXT
+        # Before the first message of a conversation sit the system prompt and tools block.
+        head_reason = LossReason.CONTEXT if slot is None else reason
+        header = context.header(slot, message.role)
+        content_from = start
+        if header is not None and text.startswith(header, start):
+            content_from = start + len(header)
+        content = message.plain_text if message.role != "assistant" else ""
+        # Searched for past the header and within the region (empty content is found there)
+        at = text.find(content, min(content_from, end), end)
+        if message.role == "assistant" or (content and at < 0):
+            spans.append((end, reason))
+        else:
+            spans.append((at, _scaffold_or(head_reason, at - start)))
+            spans.append((at + len(content), reason))
+            spans.append((end, _scaffold_or(reason, end - at - len(content))))
+    return [span for i, span in enumerate(spans) if span[0] > (spans[i - 1][0] if i else 0)]

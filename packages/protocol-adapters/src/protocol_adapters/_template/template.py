@@ -34,7 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from trajectory_tree import Message, ToolSpec
 
-from .template_messages import (
+from .messages import (
     ToolResultNames,
     template_messages,
     template_options,
@@ -166,6 +166,6 @@ class ChatTemplate:
 def qwen3_template() -> ChatTemplate:
     """Our Qwen3-style template (``templates/qwen3.jinja``)."""
     source = (
-        resources.files("protocol_adapters._rendering") / "templates" / "qwen3.jinja"
+        resources.files("protocol_adapters._template") / "templates" / "qwen3.jinja"
     ).read_text("utf-8")
     return ChatTemplate("qwen3", source)

@@ -19,7 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .template_messages import ToolResultNames
+from protocol_adapters._template.messages import ToolResultNames
+
+# The features the renderer acts on, named once: the audit reports them, the renderer asks the
+# audit about them (:class:`TemplateAudit`'s properties).
+GENERATION_PROMPT_DIFFERS = "the generation prompt is not how history renders the assistant turn"
+REASONING_DROPPED = "drops the reasoning of earlier assistant turns once a later message arrives"
+"""The audit's finding for a template that leaves earlier replies' reasoning out of its render."""
+REASONING_NEVER_RENDERED = "does not render reasoning"
+"""The audit's note for a template that renders no reply's reasoning, the latest included."""
+PARALLEL_CALLS_REFUSED = "refuses assistant turns with several tool calls"
 
 
 class Verdict(StrEnum):
@@ -81,6 +90,23 @@ class TemplateAudit:
             if any(f.kind is kind for f in self.findings):
                 return _VERDICT_OF[kind]
         return Verdict.BRIDGE_EXACT
+
+    @property
+    def drops_reasoning(self) -> bool:
+        """It leaves some reply's reasoning out of its render (earlier ones, or every one)."""
+        return any(
+            f.feature in (REASONING_DROPPED, REASONING_NEVER_RENDERED) for f in self.findings
+        )
+
+    @property
+    def generation_prompt_differs(self) -> bool:
+        """Its generation prompt is not how history renders an assistant turn."""
+        return any(f.feature.startswith(GENERATION_PROMPT_DIFFERS) for f in self.findings)
+
+    @property
+    def parallel_calls_refusal(self) -> Finding | None:
+        """The finding that it refuses assistant turns with several calls, if it does."""
+        return next((f for f in self.findings if f.feature == PARALLEL_CALLS_REFUSED), None)
 
     def of_kind(self, kind: FindingKind) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.kind is kind)

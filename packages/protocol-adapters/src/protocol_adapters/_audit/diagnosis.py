@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from protocol_adapters._template.context import USER, TemplateContext
 from trajectory_tree import Message
 
-from .conversation import USER, TemplateContext
 from .scenarios import TOOLS_MARKER, marker
-from .verdict import Finding, FindingKind
+from .verdict import GENERATION_PROMPT_DIFFERS, REASONING_DROPPED, Finding, FindingKind
 
 EXCERPT = 40
 """Characters of text quoted around a difference."""
-
-GENERATION_PROMPT_DIFFERS = "the generation prompt is not how history renders the assistant turn"
 
 
 def excerpt(text: str, at: int) -> str:
@@ -97,12 +95,6 @@ def unclosed(history: str, closing: str, messages: Sequence[Message], reply: int
         f"does not close {describe(messages, reply)} as it closes a reply",
         f"history ends {history[-EXCERPT:]!r}, a reply ends {closing!r}",
     )
-
-
-REASONING_DROPPED = "drops the reasoning of earlier assistant turns once a later message arrives"
-"""The audit's finding for a template that leaves earlier replies' reasoning out of its render."""
-REASONING_NEVER_RENDERED = "does not render reasoning"
-"""The audit's note for a template that renders no reply's reasoning, the latest included."""
 
 
 def rewrite(

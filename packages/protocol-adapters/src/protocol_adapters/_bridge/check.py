@@ -26,11 +26,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from protocol_adapters._template.context import TemplateContext
 from protocol_adapters._tokenizer import Vocabulary
 from trajectory_tree import LossReason, Route
 
-from .conversation import Slot, TemplateContext
-from .template import TemplateError
+from .notes import OUTPUT_KEPT, PROMPT_MISMATCH
 
 _SHOWN = 6
 """Tokens of each side quoted in a reason."""
@@ -53,6 +53,10 @@ class Mismatch:
 
     reason: str
     place: Place = Place.TEMPLATE_TEXT
+
+    def note(self) -> tuple[str, str]:
+        """The turn note that records it: a kept output, or the template text found wrong."""
+        return (OUTPUT_KEPT if self.place is Place.OUTPUT else PROMPT_MISMATCH), self.reason
 
 
 def check_bridge(
@@ -88,15 +92,9 @@ def check_reply(
         return None
     messages = route.prompt.messages
     index = route.matched - 1
-    before = Slot.of(messages, index - 1, names) if index >= 1 else None
-    try:
-        base = context.base_text(before)
-        rendered = context.render_after(before, (messages[index],), gen=False, names=names)
-    except TemplateError:
+    expected = context.reply_text(messages, index, names)
+    if expected is None:
         return None
-    if not rendered.startswith(base):
-        return None
-    expected = rendered[len(base) :]
     kind, generation_length = node.spans[0]
     generation = generation_length if kind is LossReason.TEMPLATE_SCAFFOLD else 0
     prompt_text = vocabulary.decode(node.delta[:generation])

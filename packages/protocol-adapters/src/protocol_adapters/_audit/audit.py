@@ -29,11 +29,17 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 
+from protocol_adapters._template.context import NotAnAppend, Slot, TemplateContext, bridge_text
+from protocol_adapters._template.messages import (
+    ToolResultNames,
+    call_names,
+    template_messages,
+    template_tools,
+)
+from protocol_adapters._template.template import ChatTemplate, TemplateError
 from trajectory_tree import Message, Prompt, ToolCall, ToolSpec
 
-from .conversation import NotAnAppend, Slot, TemplateContext, bridge_text
 from .diagnosis import (
-    REASONING_NEVER_RENDERED,
     common_prefix,
     describe,
     excerpt,
@@ -52,16 +58,19 @@ from .scenarios import (
     parallel_calls,
     system_note,
 )
-from .template import ChatTemplate, TemplateError
-from .template_messages import ToolResultNames, call_names, template_messages, template_tools
-from .verdict import Finding, FindingKind, TemplateAudit
+from .verdict import (
+    PARALLEL_CALLS_REFUSED,
+    REASONING_NEVER_RENDERED,
+    Finding,
+    FindingKind,
+    TemplateAudit,
+)
 
 AUDIT_NOW = datetime(2024, 7, 26, 9, 30, 0)
 """The clock every audit render sees, so that findings never depend on when the audit ran."""
 LATER_NOW = datetime(2031, 12, 13, 23, 59, 59)
 """A second clock: a template whose text changes between the two prints the time."""
 
-PARALLEL_CALLS_REFUSED = "refuses assistant turns with several tool calls"
 SYSTEM_NOTES_REFUSED = "refuses system messages after the first"
 
 

@@ -31,9 +31,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from protocol_adapters._rendering.template import ChatTemplate, TemplateError
-
-from .vocabulary import Vocabulary
+from protocol_adapters._template.template import ChatTemplate, TemplateError
+from protocol_adapters._tokenizer import Vocabulary
 
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
