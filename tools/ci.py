@@ -297,7 +297,8 @@ def check_cross_package(pytest_args: list[str]) -> None:
     benches = sorted(f"bench/{path.name}" for path in (ROOT / "tools" / "bench").glob("*.py"))
     search = os.pathsep.join((str(ROOT / "packages" / "slime-backend" / "tests"), str(ROOT)))
     run(*TOOL, "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"), "ci.py",
-        "release.py", "pins.py", "record_demo_session.py", *benches, cwd=ROOT / "tools",
+        "release.py", "pins.py", "record_demo_session.py", "render_walk.py", "template_parity.py",
+        "mutation.py", *benches, cwd=ROOT / "tools",
         env={"MYPYPATH": search})  # fmt: skip
     run(*TOOL, "pytest", str(ROOT / "tests"), *pytest_args)
 
