@@ -1,0 +1,1307 @@
+"""Where an adapter turn's CPU goes: one streamed Anthropic session, phase by phase, 8k-128k.
+
+    uv run tools/bench/turn_profile.py                     # 8k, 32k, 128k x 4 and 32 KB results
+    uv run tools/bench/turn_profile.py --quick             # 8k, 32k, 3 turns each: < 1 min
+    uv run tools/bench/turn_profile.py --contexts 64000 --tool-kb 8 --turns 20
+    uv run tools/bench/turn_profile.py --markdown table.md # the table as Markdown too
+    uv run tools/bench/turn_profile.py --cprofile 10       # and the loop thread under cProfile
+    uv run tools/bench/turn_profile.py --adapter-src OTHER/packages/protocol-adapters/src
+
+Two processes. The adapter (the real ``AdapterServer``: Anthropic dialect, bridge renderer with
+the real Qwen3 tokenizer, SGLang client) runs in a Python of its own, so that its CPU is its own;
+this process holds the client (raw aiohttp, ``stream: true``, as Claude Code speaks) and the
+SGLang-wire engine double, which answers at once (no latency), one token per streamed chunk
+(SGLang's default stream interval): a short reasoning, a sentence and one ``Bash`` call, which the
+client echoes back (thinking with its signature) as Claude Code does. ``--adapter-src`` puts
+another checkout's ``packages/protocol-adapters/src`` first on the adapter's path (as
+big_body_bench.py does), for a before/after.
+
+For each tool-result size (``--tool-kb``: line-numbered slices of the standard library's source,
+as Claude Code's Read shows a file), one session grows turn by turn until the next turn's prompt
+would be nearest each context size (``--contexts``, in prompt tokens). There, after one warm-up
+turn, ``--turns`` turns are measured with the phase hooks and as many without, alternated; each
+sends the same history plus a new tool result (siblings in the tree, so the context stays where it
+is; each is routed, bridged and recorded like the next turn of the session, which the bench
+checks). Then one turn with the bridge check forced: the full check a ``check_sample_rate`` of
+0.01 runs on 1% of turns (the measured turns run with the rate at 0, so none is sampled by chance).
+
+How CPU is counted, and why. The client tells the adapter to open a window, sends the turn, reads
+its stream to the end, and closes the window. The window's total is the adapter process's CPU
+time (``time.process_time_ns``: every thread, the event loop, the worker threads that decode large
+bodies and render, the thread that JSON-encodes the engine request, any native thread), less the
+CPU of the bench's own control thread in the window (read with its own clock, shown apart), and
+split by thread from ``/proc/self/task/*/schedstat``. Phases are attributed by wrappers the bench
+installs on the server's functions (the package sources are untouched): each reads
+``time.thread_time_ns`` on entry and exit, so a phase is charged exactly the CPU its own thread
+spent inside it, on whichever thread it ran; time blocked or waiting for the GIL is charged to
+nothing. Nested hooks charge the innermost phase where the outer one nests (a render charges the
+tokenizer's time to tokenizing); elsewhere the outer phase keeps it (the prompt check keeps the
+encoding it does). The wrappers on coroutines (awaiting the body, sending the engine request,
+writing the client's stream) charge the event loop's CPU while they are awaited: one turn is in
+flight, so what the loop runs then is that step's protocol callbacks. "other" is the total minus
+every phase, shown per thread: on the loop, aiohttp's handler dispatch, tasks, the turn runner's
+per-chunk loop, the asyncio loop itself (``--cprofile`` lists its functions); on workers, the
+executor hops. cProfile is not the measure: it costs every Python call, not just the hooked ones,
+and so inflates Python-heavy phases against C-heavy ones (json, the tokenizer), the very split
+this table is for. The hooks' own cost is shown twice: hooked turns against turns without hooks
+(noisy on a shared machine), and hooked calls per turn times a calibrated cost per call.
+
+Also printed: the floor every adapter pays, measured in this process on the same body and ids:
+``json.loads`` of the client's body and ``json.dumps`` of the whole prompt's id list (what
+``/generate`` carries). The exit status is 1 if a measured turn was not a bridged continuation of
+the session (a fork or a full render would make the numbers meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import dataclasses
+import fnmatch
+import functools
+import gc
+import inspect
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from adapter_concurrency_bench import REPLY, SYSTEM, TOOLS
+from rich.console import Console
+from rich.table import Table
+
+CONTEXT_TOKENS = 262_144
+"""The session's and the engine double's context: room for 128k plus the growth around it."""
+TURN_REPLY = dataclasses.replace(
+    REPLY, reasoning="The tests fail in the parser module. List the sources before reading one."
+)
+SETTLE_S = 0.005
+"""Pause after a turn's last byte before the window closes: the handler's epilogue runs."""
+
+# -- the phases and the hooks: the only place that names the adapter's private modules ----------
+#
+# A hook names functions by "module glob:qualified-name glob" and is resolved at run time against
+# the modules the adapter has loaded, so a function that moves to another private module is still
+# found; a hook that finds nothing is reported, and its phase's CPU shows in "other" until the
+# glob is updated here. Older names (before the _rendering split) are listed too, so
+# --adapter-src works against checkouts from before it.
+
+PA = "protocol_adapters"
+BASE = "(outside hooks)"
+
+
+@dataclass(frozen=True)
+class Phase:
+    key: str
+    label: str
+    hooks: tuple[str, ...]
+    nests: bool = False
+    """Whether hooks called inside it charge their own phases (else it keeps all it calls).
+    The coroutine phases nest: the protocol callbacks the loop runs while they are awaited are
+    charged to their own phases when they are hooked (the engine's bytes arriving meanwhile)."""
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase(
+        "body",
+        "body read (aiohttp: request bytes in, body buffered)",
+        ("aiohttp.web_protocol:RequestHandler.data_received", f"{PA}._server*:read_body"),
+        nests=True,
+    ),
+    Phase(
+        "decode",
+        "JSON decode (UTF-8, json.loads, surrogate scan)",
+        (f"{PA}._server*:decode_body",),
+        nests=True,
+    ),
+    Phase(
+        "parse",
+        "request parsing (Anthropic dialect)",
+        (f"{PA}._dialects*:parse_request", f"{PA}._dialects*:Anthropic*.parse_request"),
+    ),
+    Phase("route", "routing onto the tree", ("trajectory_tree*:SessionTree.route",)),
+    Phase(
+        "render",
+        "rendering the new messages (template, segments)",
+        (f"{PA}*:Renderer.render",),
+        nests=True,
+    ),
+    Phase(
+        "tokenize",
+        "tokenizing (new messages, scaffold)",
+        (f"{PA}._tokenizer*:Vocabulary.encode", f"{PA}._tokenizer*:Vocabulary.encode_with_offsets"),
+    ),
+    Phase("check", "prompt check (reply check)", (f"{PA}*:check_reply", f"{PA}*:check_bridge")),
+    Phase(
+        "notes",
+        "kept-output notes (skeleton render, path walk)",
+        (f"{PA}*:_reasoning_kept", f"{PA}*:Renderer._reasoning_kept", f"{PA}*:_kept_on_path"),
+    ),
+    Phase(
+        "ids",
+        "whole-prompt id list (prefix_ids().tolist() + new)",
+        (f"{PA}._bridge*:prompt_ids", f"{PA}*:Renderer._ids"),
+    ),
+    Phase(
+        "build",
+        "engine request: build (GenerateRequest, body dict)",
+        (f"{PA}._server*:TurnRunner._build", f"{PA}._engine*:request_body"),
+        nests=True,
+    ),
+    Phase(
+        "idcheck",
+        "engine request: id check (array('q', ids) + min())",
+        (f"{PA}._engine*:_check_token_ids",),
+    ),
+    Phase("encode", "engine request: JSON encode (the id list)", (f"{PA}._engine.sglang:_encode",)),
+    Phase(
+        "send",
+        "engine request: send (aiohttp client, until the answer's headers)",
+        (f"{PA}._engine*:SGLangEngine._post",),
+        nests=True,
+    ),
+    Phase(
+        "stream",
+        "engine stream: read + decode",
+        (
+            "aiohttp.client_proto:ResponseHandler.data_received",
+            f"{PA}._engine*:SSEParser.feed",
+            f"{PA}._engine.sglang:_chunk",
+        ),
+    ),
+    Phase(
+        "drain",
+        "engine stream: drain after [DONE]",
+        (f"{PA}._engine*:SGLangEngine._drain",),
+        nests=True,
+    ),
+    Phase(
+        "reply",
+        "reply parsing (detokenize, tool call)",
+        (
+            f"{PA}._parsing*:IncrementalDecoder.feed",
+            f"{PA}._parsing*:IncrementalDecoder.finish",
+            f"{PA}._parsing*:ReplyStream.feed",
+            f"{PA}._parsing*:ReplyStream.finish",
+            f"{PA}._parsing*:ReplyStream.reply",
+        ),
+    ),
+    Phase(
+        "record",
+        "recording in the tree",
+        (f"{PA}._server*:TurnRunner._record", f"{PA}._server*:_meta"),
+    ),
+    Phase(
+        "sse_encode",
+        "client SSE: encode events",
+        (
+            f"{PA}._dialects.anthropic*:*Encoder.start",
+            f"{PA}._dialects.anthropic*:*Encoder.event",
+            f"{PA}._dialects.anthropic*:*Encoder.finish",
+        ),
+    ),
+    Phase(
+        "sse_write",
+        "client SSE: write (aiohttp)",
+        (
+            "aiohttp.web_response:StreamResponse.prepare",
+            "aiohttp.web_response:StreamResponse.write",
+            "aiohttp.web_response:StreamResponse.write_eof",
+        ),
+        nests=True,
+    ),
+)
+GC = Phase("gc", "garbage collection (whichever phase allocated)", ())
+"""Collections are charged to themselves, not to the phase whose allocation set them off (an
+occasional full collection would otherwise land on one phase of one turn: 100+ ms seen)."""
+FORCE_CHECK_HOOK = f"{PA}*:Renderer._sample_check"
+"""Replaced by ``lambda self: True`` for the forced-check turn."""
+SEARCHED = (PA, "trajectory_tree", "aiohttp")
+"""Packages whose modules' globals (and the objects in their module-level dicts) are searched
+for references to a hooked function, so every caller reaches the wrapper."""
+
+
+# -- the ledger: CPU per phase, per thread (runs in the adapter's process) ----------------------
+
+
+class Ledger:
+    """One thread's phase stack and what each phase has spent on it (thread CPU, ns)."""
+
+    __slots__ = ("calls", "last", "spent", "stack", "tid")
+
+    def __init__(self) -> None:
+        self.tid = threading.get_native_id()
+        self.stack: list[str] = [BASE]
+        self.last = time.thread_time_ns()
+        self.spent: defaultdict[str, int] = defaultdict(int)
+        self.calls = 0
+
+
+_local = threading.local()
+_ledgers: list[Ledger] = []
+_ledgers_lock = threading.Lock()
+_whole: set[str] = set()
+"""Phases that keep what their callees spend (every phase whose ``nests`` is False)."""
+
+
+def _ledger() -> Ledger:
+    try:
+        ledger: Ledger = _local.ledger
+    except AttributeError:
+        ledger = _local.ledger = Ledger()
+        with _ledgers_lock:
+            _ledgers.append(ledger)
+    return ledger
+
+
+def enter(phase: str, *, own: bool = False) -> tuple[Ledger, int]:
+    """Start charging ``phase`` on this thread (the enclosing phase instead, when that one keeps
+    what it calls, unless ``own``); returns what :func:`leave` needs."""
+    ledger = _ledger()
+    now = time.thread_time_ns()
+    top = ledger.stack[-1]
+    ledger.spent[top] += now - ledger.last
+    ledger.last = now
+    depth = len(ledger.stack)
+    ledger.stack.append(top if top in _whole and not own else phase)
+    ledger.calls += 1
+    return ledger, depth
+
+
+def leave(ledger: Ledger, depth: int) -> None:
+    now = time.thread_time_ns()
+    ledger.spent[ledger.stack[-1]] += now - ledger.last
+    ledger.last = now
+    del ledger.stack[depth:]
+
+
+def _collecting(stage: str, info: dict[str, int]) -> None:
+    """``gc.callbacks`` entry: a collection is a phase of its own, on the thread it runs on."""
+    del info
+    if stage == "start":
+        _local.collection = enter(GC.key, own=True)
+    elif (started := getattr(_local, "collection", None)) is not None:
+        _local.collection = None
+        leave(*started)
+
+
+def sync_hook(fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        ledger, depth = enter(phase)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            leave(ledger, depth)
+
+    return hooked
+
+
+def async_hook(fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def hooked(*args: Any, **kwargs: Any) -> Any:
+        ledger, depth = enter(phase)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            leave(ledger, depth)
+
+    return hooked
+
+
+@dataclass
+class Patch:
+    owner: object
+    attribute: str
+    original: object
+    replacement: object
+
+    def apply(self, value: object) -> None:
+        if isinstance(self.owner, type) or inspect.ismodule(self.owner):
+            setattr(self.owner, self.attribute, value)
+        else:  # a frozen (or slotted) instance, such as a dialect in a module-level table
+            object.__setattr__(self.owner, self.attribute, value)
+
+
+def _searched_modules() -> list[Any]:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if module is not None and name.split(".")[0] in SEARCHED
+    ]
+
+
+def _references(function: object) -> Iterator[tuple[object, str]]:
+    """Every ``(owner, attribute)`` that holds ``function``: module globals, and the fields of
+    objects held in module-level dicts (a dialect table's entries, say)."""
+    for module in _searched_modules():
+        for name, value in list(vars(module).items()):
+            if value is function:
+                yield module, name
+            elif isinstance(value, dict):
+                for entry in list(value.values()):
+                    if isinstance(entry, type) or inspect.ismodule(entry):
+                        continue
+                    slots = getattr(type(entry), "__slots__", ())
+                    fields = (slots,) if isinstance(slots, str) else tuple(slots)
+                    fields += tuple(getattr(entry, "__dict__", {}))
+                    for attribute in fields:
+                        try:
+                            held = getattr(entry, attribute, None)
+                        except Exception:  # a property or slot that cannot be read: not ours
+                            continue
+                        if held is function:
+                            yield entry, attribute
+
+
+def find(spec: str) -> list[tuple[object, str, object]]:
+    """``(owner, attribute, value)`` of what ``spec`` ("module glob:qualname glob") names: a
+    method on its class, or a function at every reference to it."""
+    module_glob, qual_glob = spec.split(":")
+    found: list[tuple[object, str, object]] = []
+    seen: set[tuple[int, str]] = set()
+    for module in _searched_modules():
+        name = module.__name__
+        if not fnmatch.fnmatchcase(name, module_glob):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value.__module__ == name:
+                for key, member in list(vars(value).items()):
+                    inner = getattr(member, "__func__", member)
+                    wanted = f"{value.__qualname__}.{key}"
+                    if (
+                        inspect.isfunction(inner)
+                        and fnmatch.fnmatchcase(wanted, qual_glob)
+                        and (id(value), key) not in seen
+                    ):
+                        seen.add((id(value), key))
+                        found.append((value, key, member))
+            elif (
+                inspect.isfunction(value)
+                and value.__module__ == name
+                and fnmatch.fnmatchcase(value.__qualname__, qual_glob)
+                and (id(value), "") not in seen
+            ):
+                seen.add((id(value), ""))
+                found.extend((owner, attr, value) for owner, attr in _references(value))
+    return found
+
+
+def _wrapped(member: object, phase: Phase) -> object:
+    inner: Callable[..., Any] = getattr(member, "__func__", None) or member  # type: ignore[assignment]
+    make = async_hook if inspect.iscoroutinefunction(inner) else sync_hook
+    hooked = make(inner, phase.key)
+    if isinstance(member, staticmethod):
+        return staticmethod(hooked)
+    if isinstance(member, classmethod):
+        return classmethod(hooked)
+    return hooked
+
+
+class Hooks:
+    """The phase wrappers: resolved once, installed and removed between turns."""
+
+    def __init__(self) -> None:
+        self.patches: list[Patch] = []
+        self.found: dict[str, int] = {}
+        self.forced: list[Patch] = []
+        self.on = False
+        _whole.update(p.key for p in PHASES if not p.nests)
+
+    def resolve(self) -> None:
+        done: set[tuple[int, str]] = set()
+        for phase in PHASES:
+            for spec in phase.hooks:
+                hits = [hit for hit in find(spec) if (id(hit[0]), hit[1]) not in done]
+                for owner, attribute, value in hits:
+                    done.add((id(owner), attribute))
+                    self.patches.append(Patch(owner, attribute, value, _wrapped(value, phase)))
+                self.found[spec] = len(hits)
+        for owner, attribute, value in find(FORCE_CHECK_HOOK):
+            self.forced.append(Patch(owner, attribute, value, _always))
+        self.found[FORCE_CHECK_HOOK] = len(self.forced)
+
+    def set(self, on: bool, *, force_check: bool = False) -> None:
+        if on != self.on:
+            for patch in self.patches if on else reversed(self.patches):
+                patch.apply(patch.replacement if on else patch.original)
+            if on:
+                gc.callbacks.append(_collecting)
+            else:
+                gc.callbacks.remove(_collecting)
+            self.on = on
+        for patch in self.forced:
+            patch.apply(patch.replacement if force_check else patch.original)
+
+
+def _always(self: object) -> bool:
+    del self
+    return True
+
+
+def calibrate(rounds: int = 50_000) -> float:
+    """Thread CPU ns one hooked call costs over the bare call (median of 5 runs)."""
+
+    def bare() -> None:
+        return None
+
+    hooked = sync_hook(bare, "calibration")
+    costs = []
+    for _ in range(5):
+        began = time.thread_time_ns()
+        for _ in range(rounds):
+            bare()
+        middle = time.thread_time_ns()
+        for _ in range(rounds):
+            hooked()
+        costs.append(((time.thread_time_ns() - middle) - (middle - began)) / rounds)
+    return statistics.median(costs)
+
+
+def thread_cpu_ns() -> dict[int, int]:
+    """CPU ns of every thread of this process, by native id (``/proc``'s scheduler accounting)."""
+    out: dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just ended
+            out[int(tid)] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+    return out
+
+
+@dataclass
+class Window:
+    process: int
+    threads: dict[int, int]
+    control: int
+    collections: list[int]
+
+
+def collections() -> list[int]:
+    """Collections so far, by generation (every thread's)."""
+    return [generation["collections"] for generation in gc.get_stats()]
+
+
+class Probe:
+    """The adapter process's side of the bench: windows, hooks, counters."""
+
+    def __init__(self, loop_tid: int, control_tid: int, stats: Callable[[], int]) -> None:
+        self.loop_tid = loop_tid
+        self.control_tid = control_tid
+        self.stats = stats  # full renders so far
+        self.hooks = Hooks()
+        self.window: Window | None = None
+        self.renders_before = 0
+        self.routes: list[tuple[int, bool]] = []
+
+    def categories(self, tids: Sequence[int]) -> dict[int, str]:
+        python = {t.native_id for t in threading.enumerate() if t.native_id is not None}
+        out: dict[int, str] = {}
+        for tid in tids:
+            if tid == self.loop_tid:
+                out[tid] = "loop"
+            elif tid == self.control_tid:
+                out[tid] = "control"
+            elif tid in python:
+                out[tid] = "workers"
+            else:
+                out[tid] = "native"
+        return out
+
+    def begin(self, hooks: bool, force_check: bool) -> None:
+        self.hooks.set(hooks, force_check=force_check)
+        with _ledgers_lock:
+            for ledger in _ledgers:
+                ledger.spent.clear()
+                ledger.calls = 0
+        self.routes.clear()
+        self.renders_before = self.stats()
+        threads = thread_cpu_ns()
+        # This (the control) thread's CPU in the window is the bench's, not the adapter's: read
+        # with its own clock right next to the process's, and taken out of the total.
+        control = time.thread_time_ns()
+        self.window = Window(time.process_time_ns(), threads, control, collections())
+
+    def end(self) -> dict[str, Any]:
+        """The window's CPU: the adapter's total (the process's less this control thread's), by
+        thread category, by phase, and the part of each category outside every phase."""
+        process = time.process_time_ns()
+        control = time.thread_time_ns()
+        threads = thread_cpu_ns()
+        assert self.window is not None
+        categories = self.categories(list(threads))
+        by_category: defaultdict[str, int] = defaultdict(int)
+        for tid, category in categories.items():
+            by_category[category] += threads[tid] - self.window.threads.get(tid, 0)
+        by_category["control"] = control - self.window.control
+        phases: defaultdict[str, int] = defaultdict(int)
+        inside: defaultdict[str, int] = defaultdict(int)  # phase CPU by thread category
+        calls = 0
+        with _ledgers_lock:
+            for ledger in _ledgers:
+                calls += ledger.calls
+                for phase, spent in ledger.spent.items():
+                    if phase != BASE:
+                        phases[phase] += spent
+                        inside[categories.get(ledger.tid, "workers")] += spent
+        hooked = self.hooks.on
+        self.hooks.set(False)
+        counts = zip(collections(), self.window.collections, strict=True)
+        counted = [now - before for now, before in counts]
+        return {
+            "collections": counted,
+            "process": process - self.window.process - by_category["control"],
+            "threads": dict(by_category),
+            "outside": {c: by_category[c] - inside[c] for c in ("loop", "workers", "native")},
+            "phases": dict(phases) if hooked else {},
+            "calls": calls if hooked else 0,
+            "full_renders": self.stats() - self.renders_before,
+            "routes": list(self.routes),
+        }
+
+
+def serve_adapter(engine_url: str, cache_dir: str) -> None:
+    """The adapter, in this process: print its URL, then answer the bench's commands (one JSON
+    line each on stdin, one answer each on stdout) until ``stop``. Imports only the public API."""
+    import protocol_adapters
+    from protocol_adapters import (
+        AdapterConfig,
+        AdapterServer,
+        QwenTokenizerConfig,
+        Renderer,
+        RendererConfig,
+        SessionLimits,
+        SGLangConfig,
+        SGLangEngine,
+        load_qwen3_vocabulary,
+        qwen3_template,
+        reply_parsers,
+    )
+    from trajectory_tree import SessionTree
+
+    async def serve() -> None:
+        vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(Path(cache_dir)))
+        # Paid once per process, by the first prompt text over 32,768 characters (the longest
+        # token's length, for the lower bound of a piece): here, not in some measured turn.
+        began = time.thread_time_ns()
+        vocabulary.at_least("")
+        once_ms = (time.thread_time_ns() - began) / 1e6
+        renderer = Renderer(vocabulary, qwen3_template(), RendererConfig(check_sample_rate=0.0))
+        config = AdapterConfig(
+            limits=SessionLimits(max_turns=100_000, context_tokens=CONTEXT_TOKENS)
+        )
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        async with (
+            SGLangEngine(SGLangConfig(base_url=engine_url)) as engine,
+            AdapterServer(config, engine, renderer, vocabulary, reply_parsers()) as server,
+        ):
+            ready = threading.Event()
+            probes: list[Probe] = []
+
+            def control() -> None:
+                probe = Probe(
+                    loop_tid, threading.get_native_id(), lambda: renderer.stats.full_renders
+                )
+                probes.append(probe)
+                ready.set()
+                for line in sys.stdin:
+                    command = json.loads(line)
+                    answer = handle(probe, command)
+                    sys.stdout.write(json.dumps(answer) + "\n")
+                    sys.stdout.flush()
+                    if command["cmd"] == "stop":
+                        break
+                loop.call_soon_threadsafe(stopped.set)
+
+            def handle(probe: Probe, command: dict[str, Any]) -> dict[str, Any]:
+                cmd = command["cmd"]
+                if cmd == "open":
+
+                    async def open_session() -> str:
+                        return server.sessions.open(command["name"]).token
+
+                    token = asyncio.run_coroutine_threadsafe(open_session(), loop).result()
+                    return {"token": token}
+                if cmd == "resolve":
+                    # Every routed turn, hooked or not, says whether it continued the session
+                    # (one new message after the previous reply); the route hook wraps this.
+                    route = SessionTree.route
+
+                    @functools.wraps(route)
+                    def observed(tree: SessionTree, prompt: Any) -> Any:
+                        found = route(tree, prompt)
+                        continued = found.previous_generated is not None
+                        probe.routes.append((len(found.new_messages), continued))
+                        return found
+
+                    setattr(SessionTree, "route", observed)  # noqa: B010 (a method, replaced)
+                    probe.hooks.resolve()
+                    return {"found": probe.hooks.found, "hook_ns": calibrate()}
+                if cmd == "begin":
+                    probe.begin(bool(command["hooks"]), bool(command.get("force_check")))
+                    if command.get("cprofile"):
+                        on_loop(profiler.enable)
+                    return {"ok": True}
+                if cmd == "end":
+                    if command.get("cprofile"):
+                        on_loop(profiler.disable)
+                    return probe.end()
+                if cmd == "cprofile":
+                    out = io.StringIO()
+                    stats = pstats.Stats(profiler, stream=out)
+                    stats.sort_stats("tottime").print_stats(int(command["top"]))
+                    return {"text": out.getvalue()}
+                if cmd == "stop":
+                    return {"ok": True}
+                raise ValueError(f"unknown command {cmd!r}")
+
+            profiler = cProfile.Profile(time.thread_time)  # the loop thread's CPU, not wall
+
+            def on_loop(call: Callable[[], object]) -> None:
+                """Run ``call`` on the event loop thread (cProfile profiles the thread that
+                enables it) and wait until it has run."""
+                done = threading.Event()
+
+                def run() -> None:
+                    call()
+                    done.set()
+
+                loop.call_soon_threadsafe(run)
+                done.wait()
+
+            loop_tid = threading.get_native_id()
+            threading.Thread(target=control, name="bench-control", daemon=True).start()
+            await asyncio.to_thread(ready.wait)
+            started = {
+                "url": server.url,
+                "source": str(Path(protocol_adapters.__file__).parent),
+                "pid": os.getpid(),
+                "once_ms": once_ms,
+            }
+            print(json.dumps(started), flush=True)
+            await stopped.wait()
+
+    asyncio.run(serve())
+
+
+# -- the bench's side: the adapter process, the session, the table ------------------------------
+
+
+class Adapter:
+    """The adapter's process and its command line."""
+
+    def __init__(self, engine_url: str, cache_dir: Path, adapter_src: Path | None) -> None:
+        env = dict(os.environ)
+        if adapter_src is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(adapter_src), env.get("PYTHONPATH")])
+            )
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--serve-adapter", engine_url, str(cache_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.started: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def wait_started(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the adapter exited before serving")
+        self.started = json.loads(line)
+        return self.started
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        with self._lock:
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the adapter exited during {command['cmd']}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.ask(cmd="stop")
+                self.process.wait(30)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+
+
+def source_lines() -> list[str]:
+    """Lines of standard-library source, the text a coding agent's tools mostly return."""
+    stdlib = Path(sysconfig.get_path("stdlib"))
+    lines: list[str] = []
+    for package in ("asyncio", "email", "json", "http", "unittest", "concurrent/futures"):
+        for path in sorted((stdlib / package).glob("*.py")):
+            lines += path.read_text(errors="replace").splitlines()
+    return lines
+
+
+@dataclass
+class Measured:
+    """One measured turn, as the adapter and the client saw it."""
+
+    process_ns: int
+    """The adapter's CPU in the window: every thread but the bench's control thread."""
+    threads: dict[str, int]
+    outside: dict[str, int]
+    """CPU of the loop, worker and native threads outside every phase."""
+    phases: dict[str, int]
+    collections: list[int]
+    """Garbage collections in the window, by generation."""
+    calls: int
+    wall_s: float
+    prompt_tokens: int
+    body_bytes: int
+    problems: list[str]
+
+
+@dataclass
+class Point:
+    context: int
+    tool_kb: int
+    hooked: list[Measured] = field(default_factory=list)
+    bare: list[Measured] = field(default_factory=list)
+    forced: Measured | None = None
+    loads_floor_ms: float = 0.0
+    dumps_floor_ms: float = 0.0
+    growth_turns: int = 0
+
+
+class Session:
+    """One Claude-Code-like session: grown turn by turn; measured turns are siblings."""
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        url: str,
+        token: str,
+        double: Any,
+        tool_bytes: int,
+        lines: list[str],
+        seed: int,
+    ) -> None:
+        self.http = http
+        self.url = url
+        self.headers = {"x-api-key": token, "anthropic-version": "2023-06-01"}
+        self.double = double
+        self.tool_bytes = tool_bytes
+        self.lines = lines
+        self.rng = random.Random(seed)
+        self.messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "The tests in tests/test_parser.py fail. Find why, fix it."}
+        ]
+        self.context = 0
+        self.step = tool_bytes // 4
+        """Tokens one more turn adds: first a guess (code runs ~3.5 bytes a token), then the
+        last turn's."""
+        self.turns = 0
+        self.last_ids: tuple[int, ...] = ()
+
+    def tool_result(self) -> str:
+        """A file as Claude Code's Read shows it: numbered lines, ``tool_bytes`` long."""
+        start = self.rng.randrange(len(self.lines) - 2000)
+        out: list[str] = []
+        size = 0
+        for number, line in enumerate(self.lines[start:], start=1):
+            row = f"{number:>6}\t{line}"
+            if size + len(row) + 1 > self.tool_bytes:
+                break
+            out.append(row)
+            size += len(row) + 1
+        return "\n".join(out)
+
+    def body(self, messages: list[dict[str, Any]]) -> bytes:
+        return json.dumps(
+            {
+                "model": "policy",
+                "max_tokens": 4096,
+                "stream": True,
+                "system": [{"type": "text", "text": SYSTEM}],
+                "tools": TOOLS,
+                "messages": messages,
+            }
+        ).encode()
+
+    def with_result(self) -> list[dict[str, Any]]:
+        """The history and one new tool result for the last reply's call."""
+        last = self.messages[-1]
+        messages = list(self.messages)
+        if last["role"] == "assistant":
+            use = next(b for b in last["content"] if b["type"] == "tool_use")
+            block = {
+                "type": "tool_result",
+                "tool_use_id": use["id"],
+                "content": self.tool_result(),
+                "cache_control": {"type": "ephemeral"},
+            }
+            messages.append({"role": "user", "content": [block]})
+        return messages
+
+    async def send(self, body: bytes) -> tuple[list[dict[str, Any]], float, int]:
+        """One turn: its reply's content blocks, its wall time, the prompt's tokens."""
+        began = time.perf_counter()
+        async with self.http.post(f"{self.url}/v1/messages", data=body, headers=self.headers) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
+            content = await read_turn(r)
+        wall = time.perf_counter() - began
+        (request,) = self.double.requests
+        self.double.requests.clear()
+        self.last_ids = request.input_ids
+        return content, wall, len(request.input_ids)
+
+    async def grow(self) -> None:
+        """One turn of the session itself: the next tool result, the reply appended."""
+        messages = self.with_result()
+        content, _, tokens = await self.send(self.body(messages))
+        if self.turns:
+            self.step = tokens - self.context
+        self.context = tokens
+        self.messages = [*messages, {"role": "assistant", "content": content}]
+        self.turns += 1
+
+
+async def read_turn(response: aiohttp.ClientResponse) -> list[dict[str, Any]]:
+    """The assistant content blocks of an Anthropic SSE stream, read to its end, as Claude Code
+    rebuilds them to echo back (thinking with its signature, text, tool_use with its input)."""
+    blocks: dict[int, dict[str, Any]] = {}
+    partial: dict[int, str] = {}
+    async for raw in response.content:
+        if not raw.startswith(b"data: "):
+            continue
+        event = json.loads(raw[6:])
+        kind = event["type"]
+        if kind == "content_block_start":
+            blocks[event["index"]] = dict(event["content_block"])
+        elif kind == "content_block_delta":
+            index, delta = event["index"], event["delta"]
+            if delta["type"] == "text_delta":
+                blocks[index]["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                blocks[index]["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                blocks[index]["signature"] = delta["signature"]
+            elif delta["type"] == "input_json_delta":
+                partial[index] = partial.get(index, "") + delta["partial_json"]
+        elif kind == "error":
+            raise RuntimeError(f"in-stream error: {event['error']}")
+    for index, text in partial.items():
+        blocks[index]["input"] = json.loads(text)
+    return [blocks[i] for i in sorted(blocks)]
+
+
+async def measured_turn(
+    session: Session,
+    adapter: Adapter,
+    *,
+    hooks: bool,
+    force_check: bool = False,
+    cprofile: bool = False,
+) -> tuple[Measured, bytes]:
+    """A sibling turn (the history and a new tool result) inside one measurement window."""
+    body = session.body(session.with_result())
+    await asyncio.to_thread(
+        adapter.ask, cmd="begin", hooks=hooks, force_check=force_check, cprofile=cprofile
+    )
+    content, wall, tokens = await session.send(body)
+    await asyncio.sleep(SETTLE_S)
+    window = await asyncio.to_thread(adapter.ask, cmd="end", cprofile=cprofile)
+    problems = []
+    if window["routes"] != [[1, True]]:
+        problems.append(f"not a continuation of the session: routes {window['routes']}")
+    if window["full_renders"]:
+        problems.append(f"{window['full_renders']} full render(s) instead of the bridge")
+    if not any(b["type"] == "tool_use" for b in content):
+        problems.append("the reply has no tool call")
+    return (
+        Measured(
+            window["process"],
+            window["threads"],
+            window["outside"],
+            window["phases"],
+            window["collections"],
+            window["calls"],
+            wall,
+            tokens,
+            len(body),
+            problems,
+        ),
+        body,
+    )
+
+
+def median_ns(fn: Callable[[], object], runs: int = 5) -> float:
+    costs = []
+    for _ in range(runs):
+        began = time.thread_time_ns()
+        fn()
+        costs.append(time.thread_time_ns() - began)
+    return statistics.median(costs)
+
+
+async def measure_point(
+    session: Session, adapter: Adapter, context: int, turns: int, console: Console
+) -> Point:
+    point = Point(context, session.tool_bytes // 1024)
+    grown = session.turns
+    # Grow while one more turn brings the measured turns' prompt (the context plus one result)
+    # nearer the target: with 32 KB results the nearest is up to ~5k tokens either side.
+    while session.turns == 0 or session.context + 1.5 * session.step < context:
+        await session.grow()
+    point.growth_turns = session.turns - grown
+    console.print(
+        f"  {session.tool_bytes // 1024} KB results, target {context:,}: session at "
+        f"{session.context:,} tokens after {session.turns} turns; measuring"
+    )
+    await measured_turn(session, adapter, hooks=True)  # a warm-up: the first after growing
+    body = b""
+    for turn in range(turns):
+        for hooks in (True, False) if turn % 2 == 0 else (False, True):
+            measured, body = await measured_turn(session, adapter, hooks=hooks)
+            (point.hooked if hooks else point.bare).append(measured)
+    point.forced, _ = await measured_turn(session, adapter, hooks=True, force_check=True)
+    ids = list(session.last_ids)
+    point.loads_floor_ms = median_ns(lambda: json.loads(body.decode("utf-8"))) / 1e6
+    point.dumps_floor_ms = median_ns(lambda: json.dumps(ids, separators=(",", ":")).encode()) / 1e6
+    return point
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def mean_ms(values: Sequence[float]) -> float:
+    return statistics.fmean(values) / 1e6 if values else float("nan")
+
+
+def phase_ms(turns: Sequence[Measured], key: str) -> float:
+    return mean_ms([t.phases.get(key, 0) for t in turns])
+
+
+def other_ms(turns: Sequence[Measured]) -> float:
+    return mean_ms([t.process_ns - sum(t.phases.values()) for t in turns])
+
+
+def short(tokens: int) -> str:
+    return f"{tokens / 1000:.0f}k" if tokens >= 1000 else str(tokens)
+
+
+def total_ms(turns: Sequence[Measured]) -> float:
+    return mean_ms([t.process_ns for t in turns])
+
+
+def thread_ms(turns: Sequence[Measured], category: str, outside: bool = False) -> float:
+    return mean_ms([(t.outside if outside else t.threads).get(category, 0) for t in turns])
+
+
+def mean_of(turns: Sequence[Measured], value: Callable[[Measured], float]) -> float:
+    return statistics.fmean(value(t) for t in turns)
+
+
+def spread(p: Point) -> str:
+    ordered = sorted(t.process_ns / 1e6 for t in p.hooked)
+    return f"{ordered[0]:.1f} / {statistics.median(ordered):.1f} / {ordered[-1]:.1f}"
+
+
+def split(category: str) -> Callable[[Point], str]:
+    def cell(p: Point) -> str:
+        everything = thread_ms(p.hooked, category)
+        return f"{everything:.2f} ({thread_ms(p.hooked, category, outside=True):.2f})"
+
+    return cell
+
+
+def slowest(p: Point) -> str:
+    """How far the slowest hooked turn is over the median one, and the phase most of it is in."""
+    worst = max(p.hooked, key=lambda t: t.process_ns)
+    typical = statistics.median(t.process_ns for t in p.hooked)
+    excess = {
+        phase.key: worst.phases.get(phase.key, 0)
+        - statistics.median(t.phases.get(phase.key, 0) for t in p.hooked)
+        for phase in (*PHASES, GC)
+    }
+    where = max(excess, key=lambda key: excess[key])
+    return f"+{(worst.process_ns - typical) / 1e6:.1f}, {where} +{excess[where] / 1e6:.1f}"
+
+
+def forced(p: Point) -> str:
+    if p.forced is None:
+        return "-"
+    return f"{p.forced.phases.get('check', 0) / 1e6:.2f} / {p.forced.process_ns / 1e6:.1f}"
+
+
+def rows(points: Sequence[Point], hook_ns: float) -> list[tuple[str, list[str]]]:
+    """The table's rows: a label and one cell per point. The phase rows, garbage collection and
+    "other" come first, then the total: the growth columns cover those."""
+
+    def overhead(p: Point) -> str:
+        estimated = mean_of(p.hooked, lambda t: t.calls) * hook_ns / 1e6
+        return f"{total_ms(p.hooked) - total_ms(p.bare):+.2f} / {estimated:.2f}"
+
+    def phase(key: str) -> Callable[[Point], str]:
+        return lambda p: f"{phase_ms(p.hooked, key):.3f}"
+
+    def collected(p: Point) -> str:
+        by_generation = zip(*(t.collections for t in p.hooked), strict=True)
+        return " / ".join(f"{statistics.fmean(counts):.1f}" for counts in by_generation)
+
+    table: list[tuple[str, Callable[[Point], str]]] = [
+        (ph.label, phase(ph.key)) for ph in (*PHASES, GC)
+    ]
+    table += [
+        ("other (total - phases)", lambda p: f"{other_ms(p.hooked):.3f}"),
+        ("**total CPU, hooked turns (mean)**", lambda p: f"**{total_ms(p.hooked):.2f}**"),
+        ("total: min / p50 / max", spread),
+        ("total: slowest turn over p50 ms, most of it in", slowest),
+        ("total on the event loop thread (outside phases)", split("loop")),
+        ("total on worker threads (outside phases)", split("workers")),
+        ("total on native threads (outside phases)", split("native")),
+        ("total CPU, turns without hooks (mean)", lambda p: f"{total_ms(p.bare):.2f}"),
+        ("hook overhead: hooked - without / calls x cost", overhead),
+        ("collections per turn, generation 0 / 1 / 2", collected),
+        ("hooked calls per turn", lambda p: f"{mean_of(p.hooked, lambda t: t.calls):.0f}"),
+        (
+            "bench control thread per window (not counted)",
+            lambda p: f"{thread_ms(p.hooked, 'control'):.2f}",
+        ),
+        (
+            "wall per turn, client ms (turns without hooks)",
+            lambda p: f"{mean_of(p.bare, lambda t: t.wall_s) * 1000:.1f}",
+        ),
+        ("prompt tokens", lambda p: f"{mean_of(p.hooked, lambda t: t.prompt_tokens):,.0f}"),
+        ("client body KB", lambda p: f"{mean_of(p.hooked, lambda t: t.body_bytes) / 1024:,.0f}"),
+        ("floor: json.loads(body) ms", lambda p: f"{p.loads_floor_ms:.3f}"),
+        ("floor: json.dumps(id list) ms", lambda p: f"{p.dumps_floor_ms:.3f}"),
+        ("forced full check (1% of turns): check / total ms", forced),
+    ]
+    return [(label, [value(p) for p in points]) for label, value in table]
+
+
+def growth(
+    points: Sequence[Point], label_rows: list[tuple[str, list[str]]]
+) -> dict[int, list[str]]:
+    """Per tool size, the largest context's value over the smallest's, for the phase rows."""
+    out: dict[int, list[str]] = {}
+    for kb in sorted({p.tool_kb for p in points}):
+        mine = sorted((p for p in points if p.tool_kb == kb), key=lambda p: p.context)
+        if len(mine) < 2:
+            continue
+        low, high = mine[0], mine[-1]
+        cells = []
+        for phase in (*PHASES, GC):
+            a, b = phase_ms(low.hooked, phase.key), phase_ms(high.hooked, phase.key)
+            cells.append(f"{b / a:.1f}x" if a > 0.005 else "-")
+        a, b = other_ms(low.hooked), other_ms(high.hooked)
+        cells.append(f"{b / a:.1f}x" if a > 0.005 else "-")
+        a = mean_ms([t.process_ns for t in low.hooked])
+        b = mean_ms([t.process_ns for t in high.hooked])
+        cells.append(f"{b / a:.1f}x")
+        out[kb] = cells + [""] * (len(label_rows) - len(cells))
+    return out
+
+
+def headers(points: Sequence[Point]) -> list[str]:
+    return [f"{short(p.context)} ctx, {p.tool_kb} KB" for p in points]
+
+
+def render_table(points: Sequence[Point], hook_ns: float, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("CPU ms per turn (mean)", justify="left")
+    for name in headers(points):
+        table.add_column(name, justify="right")
+    body = rows(points, hook_ns)
+    grown = growth(points, body)
+    for kb in grown:
+        table.add_column(
+            f"x {short(points[-1].context)}/{short(points[0].context)}, {kb} KB", justify="right"
+        )
+    for index, (label, cells) in enumerate(body):
+        extra = [grown[kb][index] for kb in grown]
+        table.add_row(label.replace("**", ""), *[c.replace("**", "") for c in cells], *extra)
+    return table
+
+
+def markdown_table(points: Sequence[Point], hook_ns: float) -> str:
+    body = rows(points, hook_ns)
+    grown = growth(points, body)
+    names = ["CPU ms per turn (mean)", *headers(points)]
+    names += [f"x {short(points[-1].context)}/{short(points[0].context)}, {kb} KB" for kb in grown]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for index, (label, cells) in enumerate(body):
+        extra = [grown[kb][index] for kb in grown]
+        lines.append("| " + " | ".join([label, *cells, *extra]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+async def bench(args: argparse.Namespace, console: Console) -> int:
+    from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary
+    from protocol_adapters.testing import EngineDouble
+    from protocol_adapters.testing.stack import VocabularyTokenizer
+
+    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(args.cache_dir))
+    double = EngineDouble(
+        VocabularyTokenizer(vocabulary),
+        lambda _ids: TURN_REPLY,
+        incremental_streaming=True,
+        tokens_per_chunk=1,
+        context_length=CONTEXT_TOKENS,
+    )
+    lines = source_lines()
+    reply_tokens = len(double.reply_ids(TURN_REPLY))
+    console.print(
+        f"the double's reply: {reply_tokens} tokens, one streamed chunk each (the engine stream, "
+        "reply parsing and client SSE phases grow with it, not with the context)"
+    )
+    points: list[Point] = []
+    async with double:
+        adapter = Adapter(double.url, args.cache_dir, args.adapter_src)
+        try:
+            started = await asyncio.to_thread(adapter.wait_started)
+            source = started["source"]
+            console.print(
+                f"adapter pid {started['pid']}, protocol_adapters from {source}; paid once before "
+                f"measuring: the vocabulary's longest token ({started['once_ms']:.0f} ms, else "
+                "charged to the first turn with a text over 32,768 characters)"
+            )
+            timeout = aiohttp.ClientTimeout(total=600)
+            async with aiohttp.ClientSession(timeout=timeout) as http:
+                resolved: dict[str, Any] | None = None
+                for seed, kb in enumerate(args.tool_kb):
+                    answer = await asyncio.to_thread(adapter.ask, cmd="open", name=f"profile-{kb}")
+                    session = Session(
+                        http, started["url"], answer["token"], double, kb * 1024, lines, seed
+                    )
+                    await session.grow()  # every module of a turn's path is loaded now
+                    if resolved is None:
+                        resolved = await asyncio.to_thread(adapter.ask, cmd="resolve")
+                        missing = [spec for spec, n in resolved["found"].items() if not n]
+                        console.print(
+                            f"hooks: {sum(1 for n in resolved['found'].values() if n)} of "
+                            f"{len(resolved['found'])} found, a hooked call costs "
+                            f"{resolved['hook_ns']:.0f} ns of thread CPU"
+                        )
+                        for spec in missing:
+                            console.print(f"[yellow]  not found (its CPU is in 'other'): {spec}[/]")
+                    for context in args.contexts:
+                        point = await measure_point(session, adapter, context, args.turns, console)
+                        points.append(point)
+                    for _ in range(args.cprofile):  # at the last context, kept out of the table
+                        await measured_turn(session, adapter, hooks=False, cprofile=True)
+                if args.cprofile:
+                    profile = await asyncio.to_thread(adapter.ask, cmd="cprofile", top=30)
+        finally:
+            await asyncio.to_thread(adapter.stop)
+    assert resolved is not None
+    points.sort(key=lambda p: (p.tool_kb, p.context))
+    title = (
+        f"Adapter CPU per streamed Anthropic turn, by phase: mean of {args.turns} hooked turns "
+        f"(and {args.turns} without hooks) per column"
+    )
+    console.print(render_table(points, resolved["hook_ns"], title))
+    if args.cprofile:
+        console.print(
+            f"[bold]event loop thread under cProfile[/], {args.cprofile} turns without hooks at "
+            "the largest context of each session (cProfile's cost per call inflates "
+            "Python-heavy functions: for locating 'other', not for its size)"
+        )
+        console.print(profile["text"], markup=False, highlight=False)
+    if args.markdown is not None:
+        args.markdown.write_text(markdown_table(points, resolved["hook_ns"]))
+        console.print(f"markdown table written to {args.markdown}")
+    problems = [
+        f"{short(p.context)} / {p.tool_kb} KB: {problem}"
+        for p in points
+        for t in [*p.hooked, *p.bare, *([p.forced] if p.forced else [])]
+        for problem in t.problems
+    ]
+    for problem in problems[:20]:
+        console.print(f"[red]{problem}[/]")
+    return 1 if problems else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="8k and 32k, 3 turns: a smoke run")
+    parser.add_argument(
+        "--contexts",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="prompt tokens to measure at, comma-separated (default 8000,32000,128000)",
+    )
+    parser.add_argument(
+        "--tool-kb",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[4, 32],
+        help="tool result sizes in KB, comma-separated (one session each)",
+    )
+    parser.add_argument("--turns", type=int, help="hooked turns per point (as many without)")
+    parser.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
+    parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="then profile the event loop thread over TURNS more turns per session (top 30)",
+    )
+    parser.add_argument(
+        "--adapter-src", type=Path, help="another checkout's packages/protocol-adapters/src"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "protocol-adapters-bench",
+        help="where the converted Qwen3 tokenizer is cached",
+    )
+    parser.add_argument("--serve-adapter", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_adapter is not None:
+        serve_adapter(*args.serve_adapter)
+        return 0
+    if args.contexts is None:
+        args.contexts = [8000, 32000] if args.quick else [8000, 32000, 128000]
+    if args.turns is None:
+        args.turns = 3 if args.quick else 20
+    console = Console(width=220)
+    console.print(
+        f"[bold]turn_profile[/] {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, "
+        f"Python {sys.version.split()[0]}; contexts {args.contexts}, tool results "
+        f"{args.tool_kb} KB, {args.turns} turns with hooks and {args.turns} without per point"
+    )
+    began = time.perf_counter()
+    status = asyncio.run(bench(args, console))
+    console.print(
+        f"{time.perf_counter() - began:.0f} s, load average {os.getloadavg()[0]:.2f} at the end"
+    )
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
