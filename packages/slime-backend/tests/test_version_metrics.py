@@ -24,13 +24,14 @@ from slime_backend import (
     StalenessPolicy,
     episode_samples,
 )
+from slime_backend._provenance import SampleVersions
 from slime_backend._version_metrics import version_metrics
 from slime_backend.gate_hook import check_rollout_batch
 from slime_backend.testing import StandInSample
 
 
-def record(oldest: str, newest: str, max_lag: int = 0) -> dict[str, Any]:
-    return {"oldest": oldest, "newest": newest, "span": 0, "max_lag": max_lag, "runs": 2}
+def record(oldest: str, newest: str, max_lag: int = 0) -> SampleVersions:
+    return SampleVersions(oldest, newest, span=0, max_lag=max_lag, runs=2)
 
 
 def test_lag_counts_updates_from_the_rollouts_newest_version() -> None:

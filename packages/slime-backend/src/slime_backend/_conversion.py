@@ -60,9 +60,17 @@ from trajectory_tree import (
 
 from ._episode import EpisodeOutcome, EpisodeStatus, JsonValue
 from ._gates import LENGTH_DROP, NOTHING_TRAINABLE, NOTHING_TRAINABLE_KINDS, ROUTING_MISSING
-from ._provenance import episode_record, sample_record
+from ._provenance import (
+    carries_provenance,
+    episode_record,
+    placeholder_record,
+    provenance_metadata,
+    routing_record,
+    sample_record,
+    versions_record,
+)
 from ._routing_replay import RoutingRefused, RoutingReplay, filler_rows, replay_rows
-from ._sample_versions import trained_versions, versions_record
+from ._sample_versions import trained_versions
 from ._slime_api import NAMESPACE
 from ._staleness import StalenessPolicy, WeightReport, weight_report
 from ._typed_config import FieldError
@@ -169,19 +177,17 @@ def episode_samples(
         rollout_id=rollout_id,
         samples=len(kept),
         trained_tokens=sum(r.trained for _, r, _ in kept),
-        extra={
-            "graded_status": graded.value,
-            "weights": weights.record(),
-            "routing": _routing_record(replay, refused),
-            "rollout": dict(rollout or {}),
-        },
+        graded_status=graded,
+        weights=weights,
+        routing=routing_record(replay, [(r.sample, r.reason) for r in refused]),
+        rollout=rollout or {},
     )
 
     def metadata(record: dict[str, JsonValue]) -> dict[Any, Any]:
-        return {**(base.metadata or {}), NAMESPACE: {"episode": episode, "sample": record}}
+        return provenance_metadata(base.metadata, episode, record)
 
     if not kept:  # the newest version's turns are never stale: masking never empties all
-        placeholder: dict[str, JsonValue] = {"placeholder": outcome.reason}
+        placeholder = placeholder_record(outcome.reason)
         sample = _placeholder(base, sample_class, rollout_id, metadata(placeholder))
         if replay is not None:
             sample.rollout_routed_experts = filler_rows(len(sample.tokens), replay)
@@ -199,13 +205,6 @@ class _Refusal:
     sample: Sample
     reason: str
 
-    def record(self) -> dict[str, JsonValue]:
-        return {
-            "position": self.sample.index,
-            "leaf_turn": self.sample.leaf_turn,
-            "reason": self.reason,
-        }
-
 
 def _with_routing(
     samples: Sequence[tuple[Sample, _Region]], replay: RoutingReplay | None
@@ -221,17 +220,6 @@ def _with_routing(
         except RoutingRefused as exc:
             refused.append(_Refusal(sample, str(exc)))
     return kept, refused
-
-
-def _routing_record(replay: RoutingReplay | None, refused: Sequence[_Refusal]) -> JsonValue:
-    if replay is None:
-        return {"replay": False}
-    return {
-        "replay": True,
-        "layers": replay.layers,
-        "topk": replay.topk,
-        "refused": [r.record() for r in refused],
-    }
 
 
 def routing_missing_reason(refused: Sequence[_Refusal]) -> str:
@@ -270,7 +258,7 @@ def check_base(base: Any) -> int:
     """The episode's rollout id, once ``base`` is known to be a sample slime could have made."""
     if base.index is None:
         raise ConversionError("the base sample has no index (slime's data source always sets one)")
-    if NAMESPACE in (base.metadata or {}):
+    if carries_provenance(base):
         raise ConversionError(f"the task payload already has a {NAMESPACE!r} key")
     index: int = base.index
     return index

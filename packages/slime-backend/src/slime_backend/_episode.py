@@ -14,9 +14,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._typed_config import FieldError
+
+if TYPE_CHECKING:
+    from ._slime_api import SlimeSample
 
 JsonValue = str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
 """Plain data: what may travel in sample metadata (slime pickles it and ``torch.save``s it)."""
@@ -81,6 +84,16 @@ class EpisodeOutcome:
     @classmethod
     def aborted(cls, reason: str, **artifacts: JsonValue) -> EpisodeOutcome:
         return cls(0.0, EpisodeStatus.ABORTED, reason, artifacts)
+
+    @classmethod
+    def from_sample(cls, sample: SlimeSample) -> EpisodeOutcome:
+        """The final outcome of the episode ``sample`` belongs to, as the conversion recorded it
+        in the sample's provenance: a graded episode left with nothing to train is ``aborted``
+        there, its graded reward kept. Raises ``ValueError`` naming the key the provenance lacks
+        (a sample not made by slime_backend's generate function)."""
+        from ._provenance import read_provenance  # which builds on this module
+
+        return read_provenance(sample).episode.outcome
 
 
 class Episode(Protocol):

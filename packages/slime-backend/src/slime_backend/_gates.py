@@ -41,6 +41,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._episode import EpisodeStatus, JsonValue
+from ._provenance import EpisodeProvenance, read_provenance
+from ._slime_api import SlimeSample
 from ._typed_config import FieldError
 
 
@@ -90,6 +92,14 @@ class EpisodeHealth:
     routing_refused: int = 0
     """Samples not trained because their routing could not be replayed."""
 
+    @classmethod
+    def from_sample(cls, sample: SlimeSample) -> EpisodeHealth:
+        """The health of the episode ``sample`` belongs to, from the provenance slime_backend's
+        generate function wrote on it (the same on each of the episode's samples). Raises
+        ``ValueError`` naming the key its provenance lacks (a sample not made by that function).
+        """
+        return health_of(read_provenance(sample).episode)
+
     @property
     def nothing_trainable(self) -> str | None:
         """For a graded episode left with nothing to train: the kind (``no_turns``,
@@ -132,6 +142,18 @@ class EpisodeHealth:
     def parse_failure_rate(self) -> float:
         attempts = self.tool_calls + self.malformed_tool_calls
         return self.malformed_tool_calls / attempts if attempts else 0.0
+
+
+def health_of(episode: EpisodeProvenance) -> EpisodeHealth:
+    """What the gates read of an episode's provenance."""
+    return EpisodeHealth(
+        status=episode.status,
+        trained_tokens=episode.trained_tokens,
+        tool_calls=episode.tool_calls,
+        malformed_tool_calls=episode.malformed_tool_calls,
+        reason=episode.reason,
+        routing_refused=len(episode.routing.refused),
+    )
 
 
 ENVIRONMENT_CAUSE = "environment"

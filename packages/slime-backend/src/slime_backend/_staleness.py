@@ -29,7 +29,6 @@ from enum import StrEnum
 
 from trajectory_tree import SessionTree
 
-from ._episode import JsonValue
 from ._typed_config import FieldError
 
 SGLANG_INITIAL_VERSION = "default"
@@ -96,18 +95,6 @@ class WeightReport:
             f"the trained turns span {self.span} weight updates ({', '.join(self.versions)}), "
             f"more than the {self.policy.max_version_span} the staleness policy allows"
         )
-
-    def record(self) -> dict[str, JsonValue]:
-        return {
-            "versions": list(self.versions),
-            "span": self.span,
-            "max_version_span": self.policy.max_version_span,
-            "action": self.policy.action.value,
-            "exceeded": self.exceeded,
-            "stale_turns": sorted(self.stale_turns),
-            "masked_turns": sorted(self.masked_turns),
-            "unversioned_turns": self.unversioned_turns,
-        }
 
 
 def weight_report(

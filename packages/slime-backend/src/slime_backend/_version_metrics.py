@@ -16,11 +16,11 @@ batch (in the gate hook, which sees every sample) the samples' version records
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from ._episode import JsonValue
+from ._provenance import SampleVersions
 from ._staleness import update_numbers
 
 
@@ -53,24 +53,24 @@ class VersionMetrics:
         }
 
 
-def version_metrics(records: Iterable[Mapping[str, Any] | None]) -> VersionMetrics:
+def version_metrics(records: Iterable[SampleVersions | None]) -> VersionMetrics:
     """The metrics of one batch from its trained samples' version records (None: a trained
     sample without versions)."""
     everything = list(records)
     versioned = [r for r in everything if r is not None]
-    numbers = update_numbers(v for r in versioned for v in (r["oldest"], r["newest"]))
+    numbers = update_numbers(v for r in versioned for v in (r.oldest, r.newest))
     if numbers is None:
-        lags = [int(r["max_lag"]) for r in versioned]
+        lags = [r.max_lag for r in versioned]
         newest = None
         basis = "episode"
     else:
         top = max(numbers.values(), default=0)
-        lags = [top - numbers[r["oldest"]] for r in versioned]
+        lags = [top - numbers[r.oldest] for r in versioned]
         newest = next((v for v, n in numbers.items() if n == top), None)
         basis = "rollout"
     return VersionMetrics(
         samples=len(versioned),
-        multi_version=sum(1 for r in versioned if r["oldest"] != r["newest"]),
+        multi_version=sum(1 for r in versioned if r.oldest != r.newest),
         lag_histogram=tuple(sorted(Counter(lags).items())),
         newest=newest,
         lag_basis=basis,

@@ -23,10 +23,15 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from ._episode import EpisodeStatus
-from ._gates import EpisodeHealth, SilentFailureAlarm, evaluate_gates
+from ._gates import EpisodeHealth, SilentFailureAlarm, evaluate_gates, health_of
+from ._provenance import (
+    SampleProvenance,
+    carries_provenance,
+    read_provenance,
+    record_batch_reports,
+)
 from ._settings import BackendSettings
-from ._slime_api import NAMESPACE, episode_key
+from ._slime_api import episode_key
 from ._version_metrics import version_metrics
 
 logger = logging.getLogger(__name__)
@@ -37,7 +42,7 @@ def check_rollout_batch(args: Any, data: list[Any]) -> None:
     ``fail_step = false``."""
     config = BackendSettings.from_args(args).gates
     leaves = list(_leaves(data))
-    samples = [s for s in leaves if NAMESPACE in (s.metadata or {})]
+    samples = [s for s in leaves if carries_provenance(s)]
     if len(samples) < len(leaves):
         logger.warning(
             "agent-rl gates: %d of %d samples carry no agent-rl provenance and are not checked "
@@ -45,31 +50,18 @@ def check_rollout_batch(args: Any, data: list[Any]) -> None:
             len(leaves) - len(samples),
             len(leaves),
         )
+    records = [(sample, read_provenance(sample)) for sample in samples]
     episodes: dict[int, EpisodeHealth] = {}
-    for sample in samples:
-        record = sample.metadata[NAMESPACE]["episode"]
-        episodes.setdefault(
-            episode_key(sample),
-            EpisodeHealth(
-                status=EpisodeStatus(record["status"]),
-                trained_tokens=record["trained_tokens"],
-                tool_calls=record["tool_calls"],
-                malformed_tool_calls=record["malformed_tool_calls"],
-                reason=str(record.get("reason") or ""),
-                routing_refused=len((record.get("routing") or {}).get("refused") or ()),
-            ),
-        )
+    for sample, provenance in records:
+        episodes.setdefault(episode_key(sample), health_of(provenance.episode))
     versions = version_metrics(
-        s.metadata[NAMESPACE]["sample"].get("versions")
-        for s in samples
-        if "placeholder" not in s.metadata[NAMESPACE]["sample"]
+        p.sample.versions for _, p in records if isinstance(p.sample, SampleProvenance)
     ).as_dict()
     logger.info("agent-rl weight versions of %d samples: %s", len(samples), versions)
     report = evaluate_gates(episodes.values(), config)
     marks = report.as_dict()
     for sample in samples:
-        sample.metadata[NAMESPACE]["gates"] = marks
-        sample.metadata[NAMESPACE]["weight_versions"] = versions
+        record_batch_reports(sample, gates=marks, weight_versions=versions)
     if report.tripped:
         logger.error(
             "agent-rl SILENT-FAILURE GATE TRIPPED (%d episodes): %s",

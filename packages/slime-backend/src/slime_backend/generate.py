@@ -47,13 +47,13 @@ from ._conversion import ConversionError, ConversionOptions, check_base, episode
 from ._episode import Episode, EpisodeOutcome, JsonValue
 from ._episode_run import EpisodeReport, EpisodeRequest, aborted_report, run_episode
 from ._fan_out import check_slime_args
+from ._provenance import record_conversion_time
 from ._ray_workers import RayWorkerPool
 from ._rollout_args import RolloutArgs
 from ._routing_replay import RoutingReplay
 from ._runtime import AdapterRuntime, RuntimeSetup, load_checkpoint_off_loop
 from ._sampling import rollout_sampling
 from ._settings import BackendSettings
-from ._slime_api import NAMESPACE
 from ._slime_api import sample_class as slime_sample_class
 from ._typed_config import ConfigError
 
@@ -201,9 +201,7 @@ class SlimeGenerate:
                 replay=replay,
             )
         # One record object is shared by the episode's samples: time the conversion into it.
-        samples[0].metadata[NAMESPACE]["episode"]["rollout"]["convert_s"] = round(
-            time.perf_counter() - started, 4
-        )
+        record_conversion_time(samples[0], round(time.perf_counter() - started, 4))
         return samples
 
 
