@@ -20,13 +20,14 @@ from protocol_adapters import AdapterConfig, SessionLimits, Vocabulary
 from protocol_adapters.testing import EngineDouble, Faults, ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from sandbox import LocalBackend, LocalConfig
-from slime_backend import NAMESPACE, AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus
-from slime_backend.testing import StandInSample
+from slime_backend import AdapterSession, Budgets, EpisodeOutcome, EpisodeStatus
 from swe_rl.demo.policy import DemoPolicy
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.episode import EpisodeConfig, SweEpisode
 from swe_rl.run import PlannedEpisode, Run, plan
 from swe_rl.task_file import parse_task_lines
+
+from .provenance_kit import provenance_sample
 
 CONTEXT = 32768
 
@@ -120,14 +121,7 @@ async def test_a_full_disk_loses_no_run_and_says_which_samples_were_not_written(
     rows = parse_task_lines([json.dumps(row) for row in repos]).rows
 
     async def source(episode: PlannedEpisode) -> list[Any]:
-        facts = {"status": "completed", "reason": "", "reward": 1.0, "turns": 3}
-        return [
-            StandInSample(
-                index=episode.index,
-                group_index=episode.group,
-                metadata={NAMESPACE: {"episode": facts, "sample": {}}},
-            )
-        ]
+        return [provenance_sample(episode, EpisodeOutcome(1.0), turns=3)]
 
     out = tmp_path / "run"
     out.mkdir()

@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from slime_backend import NAMESPACE
+from slime_backend import EpisodeOutcome
 from slime_backend.testing import StandInSample
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.run import PlannedEpisode, Run, plan
 from swe_rl.run_record import INTERRUPTED
 from swe_rl.task_file import TaskRow, parse_task_lines
+
+from .provenance_kit import provenance_sample
 
 
 @pytest.fixture
@@ -32,18 +34,8 @@ def rows(tmp_path: Path) -> tuple[TaskRow, ...]:
 
 
 def finished_sample(episode: PlannedEpisode, reward: float = 1.0) -> StandInSample:
-    facts = {
-        "status": "completed",
-        "reason": "every wanted test passes",
-        "reward": reward,
-        "trained_tokens": 12,
-        "tool_calls": 2,
-    }
-    return StandInSample(
-        index=episode.index,
-        group_index=episode.group,
-        metadata={NAMESPACE: {"episode": facts, "sample": {}}},
-    )
+    outcome = EpisodeOutcome(reward, reason="every wanted test passes")
+    return provenance_sample(episode, outcome, trained_tokens=12, tool_calls=2)
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime_backend import NAMESPACE
-from slime_backend.testing import StandInSample
+from slime_backend import NAMESPACE, EpisodeOutcome
 from swe_rl.demo.repos import create_demo_tasks
 from swe_rl.grading import GradeResult, Verdict
 from swe_rl.run import NOT_RUN, PlannedEpisode, Run, plan
 from swe_rl.task_file import parse_task_lines
+
+from .provenance_kit import provenance_sample
 
 GRADING = GradeResult(
     Verdict.UNRESOLVED,
@@ -29,14 +30,8 @@ async def test_each_row_of_run_json_carries_the_verdict_its_reason_and_the_refus
     rows = parse_task_lines([json.dumps(r) for r in create_demo_tasks(tmp_path / "repos")]).rows
 
     async def source(episode: PlannedEpisode) -> list[Any]:
-        facts = {
-            "status": "completed",
-            "reason": str(GRADING["reason"]),
-            "reward": 0.0,
-            "artifacts": {"grading": GRADING},
-        }
-        metadata = {NAMESPACE: {"episode": facts, "sample": {}}}
-        return [StandInSample(index=episode.index, group_index=episode.group, metadata=metadata)]
+        outcome = EpisodeOutcome(0.0, reason=str(GRADING["reason"]), artifacts={"grading": GRADING})
+        return [provenance_sample(episode, outcome)]
 
     out = tmp_path / "run"
     run = Run(out=out, source=source, concurrency=2, title="t", policy="p", agent="a")
@@ -65,15 +60,10 @@ async def test_a_run_counts_its_aborts_by_cause_and_the_alarm_names_the_environm
 
     async def source(episode: PlannedEpisode) -> list[Any]:
         reason = reasons[episode.index]
-        facts = {
-            "status": "completed" if reason is None else "aborted",
-            "reason": reason or "every wanted test passes",
-            "reward": 1.0 if reason is None else 0.0,
-            "trained_tokens": 10 if reason is None else 0,
-            "tool_calls": 1,
-        }
-        metadata = {NAMESPACE: {"episode": facts, "sample": {}}}
-        return [StandInSample(index=episode.index, group_index=episode.group, metadata=metadata)]
+        if reason is None:
+            outcome = EpisodeOutcome(1.0, reason="every wanted test passes")
+            return [provenance_sample(episode, outcome, trained_tokens=10, tool_calls=1)]
+        return [provenance_sample(episode, EpisodeOutcome.aborted(reason), tool_calls=1)]
 
     out = tmp_path / "run"
     run = Run(out=out, source=source, concurrency=2, title="t", policy="p", agent="a")
@@ -121,16 +111,12 @@ async def test_samples_refused_for_routing_replay_reach_run_json_and_trip_the_ga
     rows = parse_task_lines([json.dumps(r) for r in create_demo_tasks(tmp_path / "repos")]).rows
 
     async def source(episode: PlannedEpisode) -> list[Any]:
-        facts = {
-            "status": "completed",
-            "reason": "every wanted test passes",
-            "reward": 1.0,
-            "trained_tokens": 10,
-            "tool_calls": 1,
-            "routing": {"refused": [{"sample": 1, "reason": "no routing for rows 0-9"}]},
-        }
-        metadata = {NAMESPACE: {"episode": facts, "sample": {}}}
-        return [StandInSample(index=episode.index, group_index=episode.group, metadata=metadata)]
+        outcome = EpisodeOutcome(1.0, reason="every wanted test passes")
+        refused = {"position": 1, "leaf_turn": 3, "reason": "no routing for rows 0-9"}
+        routing = {"replay": True, "layers": 2, "topk": 2, "refused": [refused]}
+        return [
+            provenance_sample(episode, outcome, trained_tokens=10, tool_calls=1, routing=routing)
+        ]
 
     out = tmp_path / "run"
     run = Run(out=out, source=source, concurrency=2, title="t", policy="p", agent="a")

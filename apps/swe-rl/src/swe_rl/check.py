@@ -25,7 +25,7 @@ import dataclasses
 import enum
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,11 +36,11 @@ from rich.markup import escape
 from protocol_adapters import SGLangConfig, SGLangEngine
 from sandbox import SandboxBackend, SandboxError
 from slime_backend import (
-    NAMESPACE,
     AgentSettings,
     BackendSettings,
     ConfigError,
     Episode,
+    EpisodeStatus,
     SandboxSettings,
 )
 from slime_backend.generate import make_generate
@@ -53,6 +53,7 @@ from swe_rl.commands.rollout import (
 from swe_rl.engine_recorder import EngineRecorder, EngineReply
 from swe_rl.environment import environment_reason, sandbox_spec
 from swe_rl.errors import UsageError
+from swe_rl.provenance import episode_facts
 from swe_rl.rollout import ConfigurationError, ConfiguredEpisode, sandbox_backend
 from swe_rl.rollout_settings import ResolvedSettings, settings_from_args, template_verdict
 from swe_rl.sources import RepoSources, SourceError
@@ -310,26 +311,31 @@ class _Check:
             finally:
                 await generate.aclose()
         replies = recorder.replies()
-        facts = samples[0].metadata.get(NAMESPACE, {}).get("episode", {})
-        directory = str(facts.get("artifacts", {}).get("dir", self.out / "episodes"))
-        turns = int(facts.get("turns", 0))
-        reason = str(facts.get("reason", ""))
-        if facts.get("status") == "aborted":
+        try:
+            facts = episode_facts(samples)
+        except ValueError as error:
+            raise StepFailed(
+                f"the episode's samples carry no whole provenance: {error}",
+                SAMPLES_HINT.format(out=self.out),
+            ) from None
+        outcome = facts.outcome
+        directory = str(outcome.artifacts.get("dir", self.out / "episodes"))
+        if outcome.status is EpisodeStatus.ABORTED:
             if not replies:
                 raise StepFailed(
-                    f"the agent CLI never reached the engine through the adapter: {reason}",
+                    f"the agent CLI never reached the engine through the adapter: {outcome.reason}",
                     UNREACHABLE_HINT.format(dir=directory),
                 )
             raise StepFailed(
-                f"the episode aborted after {turns} model calls: {reason}",
+                f"the episode aborted after {facts.turns} model calls: {outcome.reason}",
                 ABORTED_HINT.format(dir=directory),
             )
-        grading = facts.get("artifacts", {}).get("grading") or {}
-        verdict = grading.get("verdict", "?") if isinstance(grading, dict) else "?"
+        grading = outcome.artifacts.get("grading") or {}
+        verdict = grading.get("verdict", "?") if isinstance(grading, Mapping) else "?"
         detail = (
-            f"{self.args.agent} made {turns} model calls through the adapter "
-            f"({len(replies)} engine generations, {facts.get('tool_calls', 0)} tool calls); "
-            f"its change earned {facts.get('reward', 0.0):g} ({verdict}); episode: {directory}"
+            f"{self.args.agent} made {facts.turns} model calls through the adapter "
+            f"({len(replies)} engine generations, {facts.health.tool_calls} tool calls); "
+            f"its change earned {outcome.reward:g} ({verdict}); episode: {directory}"
         )
         return (samples, replies), detail
 
@@ -364,8 +370,10 @@ class _Check:
             }
             if len(set(sizes.values())) != 1 or sample.response_length > len(sample.tokens):
                 raise StepFailed(f"{where}: lengths disagree: {sizes}", hint)
-            if NAMESPACE not in sample.metadata:
-                raise StepFailed(f"{where}: no {NAMESPACE} provenance in its metadata", hint)
+            try:
+                episode_facts([sample])
+            except ValueError as error:
+                raise StepFailed(f"{where}: its provenance is not whole: {error}", hint) from None
         statuses = ", ".join(sorted({sample.status.value for sample in kept})) or "none kept"
         return None, (
             f"{len(samples)} samples ({statuses}), reward {next(iter(rewards))}; written to {path}"

@@ -38,7 +38,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slime_backend import (
-    NAMESPACE,
     ConfigError,
     EpisodeHealth,
     EpisodeReward,
@@ -51,6 +50,7 @@ from slime_backend import (
 )
 from slime_backend.testing import StandInSample
 from swe_rl.environment import abort_cause
+from swe_rl.provenance import episode_facts
 from swe_rl.run_record import INTERRUPTED, RUN_FILE, Alarm, EpisodeEntry, Grading, RunRecord
 from swe_rl.task_file import TaskRow
 
@@ -103,33 +103,29 @@ class GenerateSource:
 
 def episode_entry(episode: PlannedEpisode, samples: Sequence[Any], root: Path) -> EpisodeEntry:
     """What run.json lists of a finished episode, from its samples' provenance (`dir` relative
-    to the run directory `root`)."""
+    to the run directory `root`); raises ValueError naming what their provenance lacks."""
     if not samples:
         return stopped_entry(episode, "no samples")
-    provenance = samples[0].metadata.get(NAMESPACE, {})
-    facts = provenance.get("episode", {})
-    artifacts = facts.get("artifacts", {})
+    facts = episode_facts(samples)
+    outcome, health = facts.outcome, facts.health
     return EpisodeEntry(
         episode_id=episode.episode_id,
         instance_id=episode.row.task.instance_id,
         group=episode.group,
         index=episode.index,
-        status=EpisodeStatus(str(facts.get("status", "aborted"))),
-        reason=str(facts.get("reason", "")),
-        reward=float(facts.get("reward", 0.0)),
+        status=outcome.status,
+        reason=outcome.reason,
+        reward=outcome.reward,
         advantage=None,
         samples=len(samples),
-        turns=int(facts.get("turns", 0)),
-        tool_calls=int(facts.get("tool_calls", 0)),
-        malformed_tool_calls=int(facts.get("malformed_tool_calls", 0)),
-        trained_tokens=int(facts.get("trained_tokens", 0)),
-        masked_tokens=sum(
-            sum(s.metadata.get(NAMESPACE, {}).get("sample", {}).get("masked_tokens", {}).values())
-            for s in samples
-        ),
-        routing_refused=len((facts.get("routing") or {}).get("refused") or ()),
-        dir=_relative(str(artifacts.get("dir", "")), root),
-        grading=_grading(artifacts.get("grading")),
+        turns=facts.turns,
+        tool_calls=health.tool_calls,
+        malformed_tool_calls=health.malformed_tool_calls,
+        trained_tokens=health.trained_tokens,
+        masked_tokens=facts.masked_tokens,
+        routing_refused=health.routing_refused,
+        dir=_relative(str(outcome.artifacts.get("dir", "")), root),
+        grading=_grading(outcome.artifacts.get("grading")),
     )
 
 
@@ -227,7 +223,12 @@ class Run:
                     write_errors.append(f"{episode.episode_id}: {error.strerror or error}")
                 except (TypeError, ValueError) as error:  # a sample JSON cannot carry
                     write_errors.append(f"{episode.episode_id}: {error}")
-                record = episode_entry(episode, samples, self.out)
+                try:
+                    record = episode_entry(episode, samples, self.out)
+                except ValueError as error:  # samples without whole provenance: a broken
+                    failures[episode.index] = error  # source, as if it had raised: stop
+                    failed.set()
+                    return
                 records[episode.index] = record
                 progress.advance(bar)
                 if not progress.console.is_terminal:  # no live bar there: a line instead
