@@ -6,6 +6,7 @@
     uv run tools/bench/turn_profile.py --markdown table.md # the table as Markdown too
     uv run tools/bench/turn_profile.py --cprofile 10       # and the loop thread under cProfile
     uv run tools/bench/turn_profile.py --adapter-src OTHER/packages/protocol-adapters/src
+    uv run tools/bench/turn_profile.py --baseline OTHER/packages/protocol-adapters/src
 
 Two processes. The adapter (the real ``AdapterServer``: Anthropic dialect, bridge renderer with
 the real Qwen3 tokenizer, SGLang client) runs in a Python of its own, so that its CPU is its own;
@@ -14,7 +15,16 @@ SGLang-wire engine double, which answers at once (no latency), one token per str
 (SGLang's default stream interval): a short reasoning, a sentence and one ``Bash`` call, which the
 client echoes back (thinking with its signature) as Claude Code does. ``--adapter-src`` puts
 another checkout's ``packages/protocol-adapters/src`` first on the adapter's path (as
-big_body_bench.py does), for a before/after.
+big_body_bench.py does).
+
+``--baseline SRC`` measures two adapters side by side in one run: a second adapter process runs
+the ``packages/protocol-adapters/src`` at SRC (the baseline; the bench checks it imported from
+there), the first the current one (the workspace's, or ``--adapter-src``). Every turn of the
+session goes to both, with the same tool result and the same engine double (each adapter keeps
+its own copy of the history, since tool-use ids and thinking signatures are each adapter's own),
+and the measured turns alternate between them (which one goes first alternates too), so both
+see the same machine load. Then a before/after table: total CPU per turn, the context-dependent
+phases, and current / baseline per column; the detailed table is the current adapter's.
 
 For each tool-result size (``--tool-kb``: line-numbered slices of the standard library's source,
 as Claude Code's Read shows a file), one session grows turn by turn until the next turn's prompt
@@ -99,8 +109,10 @@ SETTLE_S = 0.005
 # A hook names functions by "module glob:qualified-name glob" and is resolved at run time against
 # the modules the adapter has loaded, so a function that moves to another private module is still
 # found; a hook that finds nothing is reported, and its phase's CPU shows in "other" until the
-# glob is updated here. Older names (before the _rendering split) are listed too, so
-# --adapter-src works against checkouts from before it.
+# glob is updated here. Older names are listed too (before the _rendering split; before the
+# ids' JSON was reused from the session's previous prompt: sglang's _encode_off_loop / _encode of
+# the whole body, wire's request_body), so --adapter-src and --baseline work against checkouts
+# from before those changes; each adapter misses the other era's names.
 
 PA = "protocol_adapters"
 BASE = "(outside hooks)"
@@ -155,21 +167,38 @@ PHASES: tuple[Phase, ...] = (
     ),
     Phase(
         "ids",
-        "whole-prompt id list (prefix_ids().tolist() + new)",
+        "whole-prompt ids (route prefix + new: a list, then an array('i'))",
         (f"{PA}._bridge*:prompt_ids", f"{PA}*:Renderer._ids"),
     ),
     Phase(
         "build",
-        "engine request: build (GenerateRequest, body dict)",
-        (f"{PA}._server*:TurnRunner._build", f"{PA}._engine*:request_body"),
+        "engine request: build (GenerateRequest, body fields)",
+        (
+            f"{PA}._server*:TurnRunner._build",
+            f"{PA}._engine*:request_body",
+            f"{PA}._engine*:request_fields",
+        ),
         nests=True,
     ),
     Phase(
         "idcheck",
-        "engine request: id check (array('q', ids) + min())",
+        "engine request: id check (GenerateRequest's _check_token_ids)",
         (f"{PA}._engine*:_check_token_ids",),
     ),
-    Phase("encode", "engine request: JSON encode (the id list)", (f"{PA}._engine.sglang:_encode",)),
+    Phase(
+        "encode",
+        "engine request: ids' JSON + body bytes (whole, then reused + new ids)",
+        (
+            f"{PA}._engine.sglang:_encode_off_loop",
+            f"{PA}._engine.sglang:_encode",
+            f"{PA}._engine*:SGLangEngine._body",
+            f"{PA}._engine.ids_json:encode",
+            f"{PA}._engine.ids_json:IdsJson.plan",
+            f"{PA}._engine.ids_json:IdsJson.keep",
+            f"{PA}._engine*:encoded_body",
+        ),
+        nests=True,
+    ),
     Phase(
         "send",
         "engine request: send (aiohttp client, until the answer's headers)",
@@ -784,43 +813,62 @@ class Measured:
 class Point:
     context: int
     tool_kb: int
+    adapter: str = "current"
     hooked: list[Measured] = field(default_factory=list)
     bare: list[Measured] = field(default_factory=list)
     forced: Measured | None = None
     loads_floor_ms: float = 0.0
     dumps_floor_ms: float = 0.0
     growth_turns: int = 0
+    load_average: float = 0.0
+    """The machine's 1-minute load average when the point's measured turns began."""
+    hook_ns: float = 0.0
+    """The adapter's calibrated cost of one hooked call, thread CPU ns."""
+
+
+@dataclass
+class Lane:
+    """One adapter's side of a session: its process, its session token, its copy of the history
+    (the same turns as the other lane's, but the tool-use ids and thinking signatures in the
+    replies it echoes back are this adapter's own)."""
+
+    name: str
+    adapter: Adapter
+    url: str
+    token: str
+    messages: list[dict[str, Any]]
+    last_ids: Sequence[int] = ()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-api-key": self.token, "anthropic-version": "2023-06-01"}
 
 
 class Session:
-    """One Claude-Code-like session: grown turn by turn; measured turns are siblings."""
+    """One Claude-Code-like session, played to every lane (adapter) alike: grown turn by turn
+    (each turn to every lane, with the same tool result); measured turns are siblings."""
 
     def __init__(
         self,
         http: aiohttp.ClientSession,
-        url: str,
-        token: str,
+        lanes: list[Lane],
         double: Any,
         tool_bytes: int,
         lines: list[str],
         seed: int,
     ) -> None:
         self.http = http
-        self.url = url
-        self.headers = {"x-api-key": token, "anthropic-version": "2023-06-01"}
+        self.lanes = lanes
         self.double = double
         self.tool_bytes = tool_bytes
         self.lines = lines
         self.rng = random.Random(seed)
-        self.messages: list[dict[str, Any]] = [
-            {"role": "user", "content": "The tests in tests/test_parser.py fail. Find why, fix it."}
-        ]
         self.context = 0
+        """Prompt tokens of the last grown turn (the last lane's: the current adapter)."""
         self.step = tool_bytes // 4
         """Tokens one more turn adds: first a guess (code runs ~3.5 bytes a token), then the
         last turn's."""
         self.turns = 0
-        self.last_ids: tuple[int, ...] = ()
 
     def tool_result(self) -> str:
         """A file as Claude Code's Read shows it: numbered lines, ``tool_bytes`` long."""
@@ -847,42 +895,48 @@ class Session:
             }
         ).encode()
 
-    def with_result(self) -> list[dict[str, Any]]:
-        """The history and one new tool result for the last reply's call."""
-        last = self.messages[-1]
-        messages = list(self.messages)
+    @staticmethod
+    def with_result(lane: Lane, result: str) -> list[dict[str, Any]]:
+        """The lane's history and one new tool result (``result``) for the last reply's call."""
+        last = lane.messages[-1]
+        messages = list(lane.messages)
         if last["role"] == "assistant":
             use = next(b for b in last["content"] if b["type"] == "tool_use")
             block = {
                 "type": "tool_result",
                 "tool_use_id": use["id"],
-                "content": self.tool_result(),
+                "content": result,
                 "cache_control": {"type": "ephemeral"},
             }
             messages.append({"role": "user", "content": [block]})
         return messages
 
-    async def send(self, body: bytes) -> tuple[list[dict[str, Any]], float, int]:
+    async def send(self, lane: Lane, body: bytes) -> tuple[list[dict[str, Any]], float, int]:
         """One turn: its reply's content blocks, its wall time, the prompt's tokens."""
         began = time.perf_counter()
-        async with self.http.post(f"{self.url}/v1/messages", data=body, headers=self.headers) as r:
+        url = f"{lane.url}/v1/messages"
+        async with self.http.post(url, data=body, headers=lane.headers) as r:
             if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
+                raise RuntimeError(f"{lane.name}: HTTP {r.status}: {await r.text()}")
             content = await read_turn(r)
         wall = time.perf_counter() - began
         (request,) = self.double.requests
         self.double.requests.clear()
-        self.last_ids = request.input_ids
+        lane.last_ids = request.input_ids
         return content, wall, len(request.input_ids)
 
     async def grow(self) -> None:
-        """One turn of the session itself: the next tool result, the reply appended."""
-        messages = self.with_result()
-        content, _, tokens = await self.send(self.body(messages))
+        """One turn of the session itself, in every lane: the next tool result, the reply
+        appended."""
+        result = self.tool_result()
+        tokens = 0
+        for lane in self.lanes:
+            messages = self.with_result(lane, result)
+            content, _, tokens = await self.send(lane, self.body(messages))
+            lane.messages = [*messages, {"role": "assistant", "content": content}]
         if self.turns:
             self.step = tokens - self.context
         self.context = tokens
-        self.messages = [*messages, {"role": "assistant", "content": content}]
         self.turns += 1
 
 
@@ -917,20 +971,22 @@ async def read_turn(response: aiohttp.ClientResponse) -> list[dict[str, Any]]:
 
 async def measured_turn(
     session: Session,
-    adapter: Adapter,
+    lane: Lane,
+    result: str,
     *,
     hooks: bool,
     force_check: bool = False,
     cprofile: bool = False,
 ) -> tuple[Measured, bytes]:
-    """A sibling turn (the history and a new tool result) inside one measurement window."""
-    body = session.body(session.with_result())
+    """A sibling turn (the lane's history and the tool result ``result``) inside one
+    measurement window of the lane's adapter."""
+    body = session.body(session.with_result(lane, result))
     await asyncio.to_thread(
-        adapter.ask, cmd="begin", hooks=hooks, force_check=force_check, cprofile=cprofile
+        lane.adapter.ask, cmd="begin", hooks=hooks, force_check=force_check, cprofile=cprofile
     )
-    content, wall, tokens = await session.send(body)
+    content, wall, tokens = await session.send(lane, body)
     await asyncio.sleep(SETTLE_S)
-    window = await asyncio.to_thread(adapter.ask, cmd="end", cprofile=cprofile)
+    window = await asyncio.to_thread(lane.adapter.ask, cmd="end", cprofile=cprofile)
     problems = []
     if window["routes"] != [[1, True]]:
         problems.append(f"not a continuation of the session: routes {window['routes']}")
@@ -955,6 +1011,14 @@ async def measured_turn(
     )
 
 
+def loads_floor(body: bytes) -> object:
+    return json.loads(body.decode("utf-8"))
+
+
+def dumps_floor(ids: list[int]) -> bytes:
+    return json.dumps(ids, separators=(",", ":")).encode()
+
+
 def median_ns(fn: Callable[[], object], runs: int = 5) -> float:
     costs = []
     for _ in range(runs):
@@ -965,30 +1029,50 @@ def median_ns(fn: Callable[[], object], runs: int = 5) -> float:
 
 
 async def measure_point(
-    session: Session, adapter: Adapter, context: int, turns: int, console: Console
-) -> Point:
-    point = Point(context, session.tool_bytes // 1024)
+    session: Session, context: int, turns: int, console: Console
+) -> dict[str, Point]:
+    """The session grown to ``context``, then its measured turns: per lane, ``turns`` with hooks
+    and as many without, alternated; each new tool result goes to every lane, in an order that
+    alternates from one result to the next."""
+    kb = session.tool_bytes // 1024
+    points = {lane.name: Point(context, kb, lane.name) for lane in session.lanes}
     grown = session.turns
     # Grow while one more turn brings the measured turns' prompt (the context plus one result)
     # nearer the target: with 32 KB results the nearest is up to ~5k tokens either side.
     while session.turns == 0 or session.context + 1.5 * session.step < context:
         await session.grow()
-    point.growth_turns = session.turns - grown
     console.print(
-        f"  {session.tool_bytes // 1024} KB results, target {context:,}: session at "
-        f"{session.context:,} tokens after {session.turns} turns; measuring"
+        f"  {kb} KB results, target {context:,}: session at {session.context:,} tokens after "
+        f"{session.turns} turns; measuring (load average {os.getloadavg()[0]:.2f})"
     )
-    await measured_turn(session, adapter, hooks=True)  # a warm-up: the first after growing
-    body = b""
+    for point in points.values():
+        point.growth_turns = session.turns - grown
+        point.load_average = os.getloadavg()[0]
+    warm_up = session.tool_result()
+    for lane in session.lanes:  # a warm-up: the first after growing
+        await measured_turn(session, lane, warm_up, hooks=True)
+    bodies: dict[str, bytes] = {}
+    sent = 0
     for turn in range(turns):
         for hooks in (True, False) if turn % 2 == 0 else (False, True):
-            measured, body = await measured_turn(session, adapter, hooks=hooks)
-            (point.hooked if hooks else point.bare).append(measured)
-    point.forced, _ = await measured_turn(session, adapter, hooks=True, force_check=True)
-    ids = list(session.last_ids)
-    point.loads_floor_ms = median_ns(lambda: json.loads(body.decode("utf-8"))) / 1e6
-    point.dumps_floor_ms = median_ns(lambda: json.dumps(ids, separators=(",", ":")).encode()) / 1e6
-    return point
+            result = session.tool_result()
+            order = session.lanes if sent % 2 == 0 else session.lanes[::-1]
+            sent += 1
+            for lane in order:
+                measured, bodies[lane.name] = await measured_turn(
+                    session, lane, result, hooks=hooks
+                )
+                point = points[lane.name]
+                (point.hooked if hooks else point.bare).append(measured)
+    forced_result = session.tool_result()
+    for lane in session.lanes:
+        point = points[lane.name]
+        point.forced, _ = await measured_turn(
+            session, lane, forced_result, hooks=True, force_check=True
+        )
+        point.loads_floor_ms = median_ns(functools.partial(loads_floor, bodies[lane.name])) / 1e6
+        point.dumps_floor_ms = median_ns(functools.partial(dumps_floor, list(lane.last_ids))) / 1e6
+    return points
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -1157,7 +1241,117 @@ def markdown_table(points: Sequence[Point], hook_ns: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the before/after table (--baseline) -------------------------------------------------------
+
+COMPARED: tuple[tuple[str, str], ...] = (
+    ("decode", "JSON decode"),
+    ("parse", "parse"),
+    ("route", "route"),
+    ("ids", "prompt ids"),
+    ("build", "request build"),
+    ("idcheck", "id check"),
+    ("encode", "ids JSON"),
+    (GC.key, "GC"),
+)
+"""The phases that grew with the context before the ids' JSON was reused (key, column)."""
+COMPARED_HEADERS = (
+    "total mean",
+    "total p50",
+    "tokenize",
+    "total - tokenize, mean",
+    "total - tokenize, p50",
+    *(name for _, name in COMPARED),
+    "other",
+)
+
+
+def p50_ms(turns: Sequence[Measured]) -> float:
+    return statistics.median(t.process_ns for t in turns) / 1e6 if turns else float("nan")
+
+
+def untokenized_ms(p: Point) -> list[float]:
+    """Per hooked turn, ms: its total less its tokenizing phase and its hooks' calibrated cost
+    (within one turn: the tokenizer's turn-to-turn noise, large with 32 KB results, cancels)."""
+    return [
+        (t.process_ns - t.phases.get("tokenize", 0) - t.calls * p.hook_ns) / 1e6 for t in p.hooked
+    ]
+
+
+def compared(p: Point) -> list[float]:
+    """A point's before/after cells, ms: the total (mean, p50) of the turns without hooks, the
+    tokenizing phase, the total less it (:func:`untokenized_ms`: mean, p50), the
+    :data:`COMPARED` phases and "other" (hooked turns' total less every phase)."""
+    total, tokenize = total_ms(p.bare), phase_ms(p.hooked, "tokenize")
+    rest = untokenized_ms(p)
+    rest_mean = statistics.fmean(rest) if rest else float("nan")
+    rest_p50 = statistics.median(rest) if rest else float("nan")
+    phases = [phase_ms(p.hooked, key) for key, _ in COMPARED]
+    return [total, p50_ms(p.bare), tokenize, rest_mean, rest_p50, *phases, other_ms(p.hooked)]
+
+
+def ms(value: float) -> str:
+    """Three significant figures, about (a tenth of a ms above 10 ms)."""
+    digits = 1 if abs(value) >= 10 else 2 if abs(value) >= 1 else 3
+    return f"{value:.{digits}f}"
+
+
+def ratio(current: float, baseline: float) -> str:
+    if baseline < 0.005:
+        return "-"
+    value = current / baseline
+    return f"{value:.2f}x" if value >= 0.01 else "<0.01x"
+
+
+def comparison(
+    pairs: Sequence[tuple[Point, Point]], names: tuple[str, str]
+) -> tuple[list[str], list[list[str]]]:
+    """The before/after table's header and rows: per point, the baseline, the current adapter,
+    and current / baseline per column (``names``: how the two adapters are called)."""
+    header = ["point", "adapter", *COMPARED_HEADERS, "floor: json.loads(body)"]
+    lines: list[list[str]] = []
+    for before, after in pairs:
+        b, a = compared(before), compared(after)
+        tokens = mean_of(after.hooked, lambda t: t.prompt_tokens)
+        where = f"{short(after.context)} ctx, {after.tool_kb} KB ({tokens:,.0f} tokens)"
+        lines.append([where, names[0], *map(ms, b), ms(before.loads_floor_ms)])
+        lines.append(["", names[1], *map(ms, a), ms(after.loads_floor_ms)])
+        lines.append(["", "current / baseline", *map(ratio, a, b), ""])
+    return header, lines
+
+
+def comparison_table(header: list[str], lines: list[list[str]], title: str) -> Table:
+    table = Table(title=title)
+    for index, name in enumerate(header):
+        table.add_column(name, justify="left" if index < 2 else "right")
+    for number, line in enumerate(lines):
+        table.add_row(*line, end_section=number % 3 == 2)
+    return table
+
+
+def comparison_markdown(header: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out) + "\n"
+
+
 # -- the run ------------------------------------------------------------------------------------
+
+
+def report_hooks(console: Console, name: str, resolved: dict[str, Any]) -> None:
+    """What the hook table found in one adapter: a phase none of whose names it has is in
+    "other" (a name that is only another era's, while a sibling name is found, is expected)."""
+    found: dict[str, int] = resolved["found"]
+    hits = sum(1 for n in found.values() if n)
+    console.print(
+        f"{name}: hooks {hits} of {len(found)} names found, a hooked call costs "
+        f"{resolved['hook_ns']:.0f} ns of thread CPU"
+    )
+    for phase in PHASES:
+        if not any(found.get(spec) for spec in phase.hooks):
+            console.print(f"[yellow]  {phase.key}: no hook found (its CPU is in 'other')[/]")
+    absent = [spec.split(":")[1] for spec, n in found.items() if not n]
+    if absent:
+        console.print(f"  names not in this adapter: {', '.join(absent)}", highlight=False)
 
 
 async def bench(args: argparse.Namespace, console: Console) -> int:
@@ -1179,52 +1373,101 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
         f"the double's reply: {reply_tokens} tokens, one streamed chunk each (the engine stream, "
         "reply parsing and client SSE phases grow with it, not with the context)"
     )
+    sources: dict[str, Path | None] = {"current": args.adapter_src}
+    if args.baseline is not None:
+        sources = {"baseline": args.baseline, **sources}  # the baseline's lane goes first
     points: list[Point] = []
+    resolved: dict[str, dict[str, Any]] = {}
     async with double:
-        adapter = Adapter(double.url, args.cache_dir, args.adapter_src)
+        adapters = {name: Adapter(double.url, args.cache_dir, src) for name, src in sources.items()}
         try:
-            started = await asyncio.to_thread(adapter.wait_started)
-            source = started["source"]
-            console.print(
-                f"adapter pid {started['pid']}, protocol_adapters from {source}; paid once before "
-                f"measuring: the vocabulary's longest token ({started['once_ms']:.0f} ms, else "
-                "charged to the first turn with a text over 32,768 characters)"
+            started = dict(
+                zip(
+                    adapters,
+                    await asyncio.gather(
+                        *(asyncio.to_thread(a.wait_started) for a in adapters.values())
+                    ),
+                    strict=True,
+                )
             )
+            for name, info in started.items():
+                console.print(
+                    f"{name} adapter: pid {info['pid']}, protocol_adapters from {info['source']}; "
+                    f"paid once before measuring: the vocabulary's longest token "
+                    f"({info['once_ms']:.0f} ms, else charged to the first turn with a text over "
+                    "32,768 characters)",
+                    highlight=False,
+                )
+                src = sources[name]
+                if src is not None and not Path(info["source"]).is_relative_to(src.resolve()):
+                    raise RuntimeError(f"the {name} adapter did not import from {src}")
+            if len({info["source"] for info in started.values()}) < len(started):
+                raise RuntimeError("the baseline and the current adapter import the same source")
             timeout = aiohttp.ClientTimeout(total=600)
             async with aiohttp.ClientSession(timeout=timeout) as http:
-                resolved: dict[str, Any] | None = None
                 for seed, kb in enumerate(args.tool_kb):
-                    answer = await asyncio.to_thread(adapter.ask, cmd="open", name=f"profile-{kb}")
-                    session = Session(
-                        http, started["url"], answer["token"], double, kb * 1024, lines, seed
-                    )
-                    await session.grow()  # every module of a turn's path is loaded now
-                    if resolved is None:
-                        resolved = await asyncio.to_thread(adapter.ask, cmd="resolve")
-                        missing = [spec for spec, n in resolved["found"].items() if not n]
-                        console.print(
-                            f"hooks: {sum(1 for n in resolved['found'].values() if n)} of "
-                            f"{len(resolved['found'])} found, a hooked call costs "
-                            f"{resolved['hook_ns']:.0f} ns of thread CPU"
+                    lanes = []
+                    for name, adapter in adapters.items():
+                        answer = await asyncio.to_thread(
+                            adapter.ask, cmd="open", name=f"profile-{kb}"
                         )
-                        for spec in missing:
-                            console.print(f"[yellow]  not found (its CPU is in 'other'): {spec}[/]")
+                        url = started[name]["url"]
+                        first = {
+                            "role": "user",
+                            "content": "The tests in tests/test_parser.py fail. Find why, fix it.",
+                        }
+                        lanes.append(Lane(name, adapter, url, answer["token"], [first]))
+                    session = Session(http, lanes, double, kb * 1024, lines, seed)
+                    await session.grow()  # every module of a turn's path is loaded now
+                    for lane in lanes:
+                        if lane.name not in resolved:
+                            answer = await asyncio.to_thread(lane.adapter.ask, cmd="resolve")
+                            resolved[lane.name] = answer
+                            report_hooks(console, lane.name, answer)
                     for context in args.contexts:
-                        point = await measure_point(session, adapter, context, args.turns, console)
-                        points.append(point)
+                        measured = await measure_point(session, context, args.turns, console)
+                        for point in measured.values():
+                            point.hook_ns = resolved[point.adapter]["hook_ns"]
+                            points.append(point)
+                    current = lanes[-1]
                     for _ in range(args.cprofile):  # at the last context, kept out of the table
-                        await measured_turn(session, adapter, hooks=False, cprofile=True)
+                        result = session.tool_result()
+                        await measured_turn(session, current, result, hooks=False, cprofile=True)
                 if args.cprofile:
-                    profile = await asyncio.to_thread(adapter.ask, cmd="cprofile", top=30)
+                    profile = await asyncio.to_thread(
+                        adapters["current"].ask, cmd="cprofile", top=30
+                    )
         finally:
-            await asyncio.to_thread(adapter.stop)
-    assert resolved is not None
+            for adapter in adapters.values():
+                await asyncio.to_thread(adapter.stop)
     points.sort(key=lambda p: (p.tool_kb, p.context))
+    mine = [p for p in points if p.adapter == "current"]
+    hook_ns = resolved["current"]["hook_ns"]
     title = (
         f"Adapter CPU per streamed Anthropic turn, by phase: mean of {args.turns} hooked turns "
         f"(and {args.turns} without hooks) per column"
     )
-    console.print(render_table(points, resolved["hook_ns"], title))
+    if args.baseline is not None:
+        title += " (the current adapter)"
+    console.print(render_table(mine, hook_ns, title))
+    markdown = markdown_table(mine, hook_ns)
+    if args.baseline is not None:
+        before = [p for p in points if p.adapter == "baseline"]
+        pairs = list(zip(before, mine, strict=True))
+        header, table_lines = comparison(pairs, ("baseline", "current"))
+        console.print(
+            comparison_table(
+                header,
+                table_lines,
+                f"Before / after: adapter CPU ms per turn, {args.turns} turns without hooks "
+                f"(total) and {args.turns} with (phases) per adapter and point, alternated; "
+                "'total - tokenize': a hooked turn's total less its tokenizing and its hooks' "
+                "calibrated cost; 'other': what no phase holds",
+            )
+        )
+        markdown += "\n" + comparison_markdown(header, table_lines)
+        loads = ", ".join(f"{short(p.context)}/{p.tool_kb} KB {p.load_average:.2f}" for p in mine)
+        console.print(f"load average as each point began: {loads}")
     if args.cprofile:
         console.print(
             f"[bold]event loop thread under cProfile[/], {args.cprofile} turns without hooks at "
@@ -1233,10 +1476,10 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
         )
         console.print(profile["text"], markup=False, highlight=False)
     if args.markdown is not None:
-        args.markdown.write_text(markdown_table(points, resolved["hook_ns"]))
-        console.print(f"markdown table written to {args.markdown}")
+        args.markdown.write_text(markdown)
+        console.print(f"markdown table(s) written to {args.markdown}")
     problems = [
-        f"{short(p.context)} / {p.tool_kb} KB: {problem}"
+        f"{p.adapter} {short(p.context)} / {p.tool_kb} KB: {problem}"
         for p in points
         for t in [*p.hooked, *p.bare, *([p.forced] if p.forced else [])]
         for problem in t.problems
@@ -1272,7 +1515,16 @@ def main() -> int:
         help="then profile the event loop thread over TURNS more turns per session (top 30)",
     )
     parser.add_argument(
-        "--adapter-src", type=Path, help="another checkout's packages/protocol-adapters/src"
+        "--adapter-src",
+        type=Path,
+        help="another checkout's packages/protocol-adapters/src, as the current adapter",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="SRC",
+        help="also run this checkout's packages/protocol-adapters/src, turn for turn with the "
+        "current adapter, and print a before/after table",
     )
     parser.add_argument(
         "--cache-dir",
