@@ -129,10 +129,10 @@ TARGETS: dict[str, Target] = {
             "_bridge/check.py",
         ),
         (
-            "packages/protocol-adapters/tests/test_render_bridge.py",
-            "packages/protocol-adapters/tests/test_template_traits.py",
-            "packages/protocol-adapters/tests/test_render_bridge_property.py",
-            "packages/protocol-adapters/tests/test_kept_output_notes.py",
+            "packages/protocol-adapters/tests/template/test_render_bridge.py",
+            "packages/protocol-adapters/tests/template/test_template_traits.py",
+            "packages/protocol-adapters/tests/template/test_render_bridge_property.py",
+            "packages/protocol-adapters/tests/template/test_kept_output_notes.py",
         ),
     ),
 }

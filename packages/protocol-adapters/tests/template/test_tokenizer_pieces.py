@@ -1,0 +1,222 @@
+"""Encoding long text in pieces: the same ids and offsets as one encode, bounded memory, and an
+early stop once a limit is passed (a 20 MB request is refused after the limit, not at its end)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, Tokenizer, pre_tokenizers
+
+from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
+from protocol_adapters._tokenizer import pieces as pieces_module
+from protocol_adapters._tokenizer import vocabulary as vocabulary_module
+
+SMALL = Path(__file__).parent.parent / "fixtures" / "small_tokenizer.json"
+
+# Text built from what moves pre-token boundaries: runs of spaces, newlines, punctuation runs
+# before newlines, digits, contractions, special tokens, combining marks, CJK, emoji.
+ATOMS = [
+    "def",
+    " self",
+    "x",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    " \n",
+    ".\n",
+    "...",
+    "'s",
+    "'ll",
+    "0",
+    "42",
+    "3.14",
+    "猫",
+    "é",
+    "e\u0301",
+    "\u0301",
+    "\t",
+    "\r\n",
+    "\U0001f600",
+    "<|im_end|>",
+    "<tool_call>",
+    "_",
+    "ab12cd",
+]
+TEXTS = st.lists(st.sampled_from(ATOMS), max_size=400).map("".join)
+
+
+def one_encode(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    (encoding,) = vocabulary.tokenizer.encode_batch([text], add_special_tokens=False)
+    return list(encoding.ids), list(encoding.offsets)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of a few characters, so every test text is cut many times."""
+    monkeypatch.setattr(vocabulary_module, "PIECE_CHARS", 7)
+
+
+# The fixture only patches a constant, the same for every example.
+ONE_PATCH = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=TEXTS)
+def test_pieces_encode_exactly_as_the_whole_text(
+    qwen_vocabulary: Vocabulary, small_pieces: None, text: str
+) -> None:
+    ids, offsets = qwen_vocabulary.encode_with_offsets(text)
+    assert (ids, offsets) == one_encode(qwen_vocabulary, text)
+    assert qwen_vocabulary.encode(text) == ids
+    assert qwen_vocabulary.count(text) == len(ids)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=st.text(max_size=300))
+def test_pieces_of_any_text_encode_exactly(
+    qwen_vocabulary: Vocabulary, small_pieces: None, text: str
+) -> None:
+    assert qwen_vocabulary.encode_with_offsets(text) == one_encode(qwen_vocabulary, text)
+
+
+def test_the_small_fixture_tokenizer_is_cut_too(small_pieces: None) -> None:
+    small = Vocabulary.from_file(SMALL)
+    text = "def f(x):\n    return x + 12  # done\n" * 50
+    assert small.encode_with_offsets(text) == one_encode(small, text)
+
+
+def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
+    text = "print('hello world', 12345)\n" * 200_000  # 5.6 MB, about 1.8M tokens
+    with pytest.raises(TooManyTokens) as caught:
+        qwen_vocabulary.encode(text, max_tokens=32768)
+    counted = caught.value.counted
+    assert counted > 32768
+    # One piece past the limit, not the whole text: a lower bound, far below the truth.
+    assert counted <= qwen_vocabulary.count(text[: 32768 * 4 + vocabulary_module.PIECE_CHARS])
+    with pytest.raises(TooManyTokens):
+        qwen_vocabulary.encode_with_offsets(text, max_tokens=32768)
+    with pytest.raises(TooManyTokens):  # a short text (one piece) is held to the limit too
+        qwen_vocabulary.encode("short text that is longer than two tokens", max_tokens=2)
+    assert qwen_vocabulary.encode("short", max_tokens=2) == qwen_vocabulary.encode("short")
+
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+O200K_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    """A regex split then the byte-level mapping, as Llama 3's and GPT-OSS's tokenizers do."""
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def gpt2_bytes() -> pre_tokenizers.PreTokenizer:
+    """GPT-2's byte-level pre-tokenizer, its regex built in."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+OTHER_PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
+    "gpt2": gpt2_bytes,
+    "llama3": lambda: split_then_bytes(LLAMA3_SPLIT),
+    "o200k": lambda: split_then_bytes(O200K_SPLIT),
+}
+
+
+@pytest.fixture(params=sorted(OTHER_PRE_TOKENIZERS))
+def other_vocabulary(request: pytest.FixtureRequest, qwen_vocabulary: Vocabulary) -> Vocabulary:
+    """Qwen3's real BPE model and added tokens behind another family's pre-tokenizer."""
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.pre_tokenizer = OTHER_PRE_TOKENIZERS[request.param]()
+    return Vocabulary(tokenizer, request.param)
+
+
+def test_other_pre_tokenizers_get_their_own_cuts(other_vocabulary: Vocabulary) -> None:
+    assert isinstance(other_vocabulary._cut, pieces_module.PreTokenizerCuts)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=TEXTS | st.text(max_size=300))
+def test_pieces_cut_by_another_pre_tokenizer_encode_exactly(
+    other_vocabulary: Vocabulary, small_pieces: None, text: str
+) -> None:
+    assert other_vocabulary.encode_with_offsets(text) == one_encode(other_vocabulary, text)
+
+
+def test_another_pre_tokenizer_stops_early_too(other_vocabulary: Vocabulary) -> None:
+    text = "print('hello world', 12345)\n" * 200_000  # 5.6 MB
+    with pytest.raises(TooManyTokens) as caught:
+        other_vocabulary.count(text, max_tokens=32768)
+    assert caught.value.counted <= 32768 + other_vocabulary.count(text[:40_000])
+
+
+@pytest.mark.parametrize(
+    "pre_tokenizer",
+    [
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),  # a space added first
+        pre_tokenizers.Metaspace(prepend_scheme="first"),  # "▁" before the first piece only
+        pre_tokenizers.Split(Regex(r"(?<=a)b"), behavior="isolated"),  # looks back
+    ],
+)
+def test_a_pre_tokenizer_whose_pieces_could_differ_is_encoded_whole(
+    qwen_vocabulary: Vocabulary, small_pieces: None, pre_tokenizer: pre_tokenizers.PreTokenizer
+) -> None:
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.pre_tokenizer = pre_tokenizer
+    whole = Vocabulary(tokenizer, "uncut")
+    assert whole._cut is None
+    text = "x \n\nfoo bar 12\n" * 20
+    assert whole.encode_with_offsets(text) == one_encode(whole, text)
+
+
+def test_a_cutter_that_fails_the_check_at_load_is_not_used(
+    qwen_vocabulary: Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load check is what stands behind a generic cutter: one that cuts where the
+    tokenizer would not (here: anywhere) must be refused."""
+    monkeypatch.setattr(
+        pieces_module.PreTokenizerCuts, "__call__", lambda self, text, start, size: start + 1
+    )
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.pre_tokenizer = OTHER_PRE_TOKENIZERS["gpt2"]()
+    assert Vocabulary(tokenizer, "gpt2")._cut is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXTS | st.text(max_size=500))
+def test_the_lower_bound_never_passes_the_count(qwen_vocabulary: Vocabulary, text: str) -> None:
+    """`at_least` decides a prompt is over its limit without encoding it: it must never claim
+    more tokens than the text really has (combining marks, special tokens, emoji included)."""
+    assert qwen_vocabulary.at_least(text) <= qwen_vocabulary.count(text)
+
+
+def test_a_huge_word_over_the_limit_is_refused_without_encoding_it(
+    qwen_vocabulary: Vocabulary,
+) -> None:
+    """A 20 MB word has no cut point: encoding it would take seconds and gigabytes. When even
+    the lower bound passes the limit, it is refused before the tokenizer sees it: the count in
+    the refusal is that bound, not a count of the word."""
+    word = "a" * 20_000_000
+    bound = qwen_vocabulary.at_least(word)
+    assert bound > 4096
+    with pytest.raises(TooManyTokens) as caught:
+        qwen_vocabulary.count(word, max_tokens=4096)
+    assert caught.value.counted == bound
+    with pytest.raises(TooManyTokens):  # after pieces that fit, the word is still refused
+        qwen_vocabulary.encode("x " * 1_000 + word, max_tokens=4096)
