@@ -205,7 +205,7 @@ def main() -> None:
         def bridge(
             session: Session = session, prompt: Prompt = prompt, renderer: Renderer = renderer
         ) -> list[int]:
-            return renderer.render(session.tree.route(prompt)).ids
+            return renderer.render(session.tree.route(prompt)).ids.tolist()
 
         def full(prompt: Prompt = prompt) -> list[int]:
             return list(

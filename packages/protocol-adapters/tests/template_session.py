@@ -117,7 +117,7 @@ class ChatSession:
         completion = Completion(ids, [-0.5] * len(ids), FinishReason.STOP)
         meta = TurnMeta(extra=dict(rendered.notes))  # as the server records them
         turn = self.tree.record(route, rendered.prompt, completion, parsed.message, meta)
-        assert list(self.tree.prompt_ids(turn)) == rendered.ids
+        assert list(self.tree.prompt_ids(turn)) == rendered.ids.tolist()
         self.messages.append(parsed.message)
         return parsed.message
 

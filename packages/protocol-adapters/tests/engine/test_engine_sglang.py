@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
+from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from protocol_adapters._engine import (
     SGLangConfig,
     SGLangEngine,
 )
+from protocol_adapters._engine.ids_json import STRIDE
 from protocol_adapters._types import AdapterError, ErrorKind
 from protocol_adapters.testing import EngineDouble, Faults, Malformation, ScriptedReply
 from protocol_adapters.testing.engine_double import ROUTING_MALFORMATIONS
@@ -505,3 +508,27 @@ async def test_streams_return_their_connection_to_the_pool(tokenizer: Any) -> No
         chunks = await collect(engine, request())
         assert chunks[-1].finish_reason is FinishReason.STOP
         assert double.aborts == []
+
+
+async def test_a_growing_session_sends_every_id_and_encodes_only_the_new_ones(
+    double: EngineDouble,
+) -> None:
+    """Three calls of one session, each prompt extending the last (the third streamed), one of
+    another session between them: the engine receives every prompt exactly, and the session's
+    later prompts reuse the text of the ids it already sent."""
+    rng = random.Random(3)
+    first = array("i", (rng.randrange(1, 400) for _ in range(3 * STRIDE + 10)))
+    second = array("i", first)
+    second.extend(rng.randrange(1, 400) for _ in range(STRIDE + 50))
+    third = array("i", second)
+    third.extend(rng.randrange(1, 400) for _ in range(20))
+    other = array("i", (rng.randrange(1, 400) for _ in range(2 * STRIDE)))
+    sampling = SamplingParams(max_new_tokens=8)
+    async with engine_for(double.url) as engine:
+        await engine.generate(GenerateRequest(first, sampling, routing_key="a"))
+        await engine.generate(GenerateRequest(other, sampling, routing_key="b"))
+        await engine.generate(GenerateRequest(second, sampling, routing_key="a"))
+        await collect(engine, GenerateRequest(third, sampling, routing_key="a"))
+        assert engine._ids_json.reused_ids == 3 * STRIDE + 4 * STRIDE
+    sent = [list(r.input_ids) for r in double.requests]
+    assert sent == [first.tolist(), other.tolist(), second.tolist(), third.tolist()]

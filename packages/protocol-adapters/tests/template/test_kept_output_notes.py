@@ -37,7 +37,8 @@ def test_every_prompt_that_keeps_dropped_reasoning_is_noted(small: Vocabulary, r
     session = ChatSession(Renderer(small, chat, config), small)
     agent_session(session)
     differs = [
-        rendered.ids != reference_ids(small, source, prompt) for prompt, rendered in session.sent
+        rendered.ids.tolist() != reference_ids(small, source, prompt)
+        for prompt, rendered in session.sent
     ]
     noted = [OUTPUT_KEPT in rendered.notes for _, rendered in session.sent]
     assert any(differs)

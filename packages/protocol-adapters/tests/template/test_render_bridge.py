@@ -148,9 +148,9 @@ class Session:
         reply = BuiltinReplyParser(tools=self.tools).parse_ids(output_ids, self.vocabulary).message
         completion = Completion(output_ids, [-0.5] * len(output_ids), finish)
         turn = self.tree.record(route, rendered.prompt, completion, reply)
-        assert list(self.tree.prompt_ids(turn)) == rendered.ids
+        assert list(self.tree.prompt_ids(turn)) == rendered.ids.tolist()
         self.messages.append(reply)
-        return rendered.ids, rendered.prompt, reply
+        return rendered.ids.tolist(), rendered.prompt, reply
 
 
 def tool_result(reply: Message, index: int, text: str) -> Message:
@@ -257,10 +257,10 @@ def test_reply_written_unlike_the_template_keeps_engine_tokens_and_is_recorded(
     rendered = renderer.render(route)
     assert isinstance(rendered.prompt, BridgedPrompt)
     full = hf_full_ids(hf, qwen3_template(), route.prompt)
-    assert rendered.ids != full  # the re-render would have trained on re-serialized JSON
+    assert rendered.ids.tolist() != full  # the re-render would have trained on re-serialized JSON
     first = session.tree.turns[0]
     before = [*session.tree.prompt_ids(first), *session.tree.output_ids(first)]
-    assert rendered.ids[: len(before)] == before  # the engine's own ids, verbatim
+    assert rendered.ids.tolist()[: len(before)] == before  # the engine's own ids, verbatim
     stats = renderer.stats
     assert (stats.checked, stats.mismatches, stats.kept_outputs) == (2, 0, 1)
     assert "turn 0's output is kept verbatim" in rendered.notes[OUTPUT_KEPT]
@@ -325,7 +325,7 @@ def test_renderer_is_safe_across_threads(qwen: Vocabulary) -> None:
 
     def work(i: int) -> None:
         prompt = Prompt((Message.text("user", f"thread {i % 3}"),), TOOLS)
-        ids = renderer.render(SessionTree().route(prompt)).ids
+        ids = renderer.render(SessionTree().route(prompt)).ids.tolist()
         with lock:
             results.append(ids)
 
@@ -427,11 +427,15 @@ def test_render_full_is_the_templates_render_counted_under_the_callers_reason(
     prompt = Prompt((Message.text("system", "s"), Message.text("user", "count me")), TOOLS)
     rendered = renderer.render_full(prompt, "the adapter chose a full render")
     assert isinstance(rendered.prompt, FullPrompt)
-    assert rendered.ids == list(rendered.prompt.ids) == hf_full_ids(hf, renderer.template, prompt)
+    assert (
+        rendered.ids.tolist()
+        == list(rendered.prompt.ids)
+        == hf_full_ids(hf, renderer.template, prompt)
+    )
     assert rendered.prompt.reason == "the adapter chose a full render"
     header = qwen.encode("<|im_start|>assistant\n")
     assert rendered.prompt.generation_prompt_length == len(header)
-    assert rendered.ids[len(rendered.ids) - len(header) :] == header
+    assert rendered.ids.tolist()[len(rendered.ids) - len(header) :] == header
     assert renderer.stats.fallbacks == {"the adapter chose a full render": 1}
     assert not rendered.checked
     fits = renderer.render_full(prompt, "limit", max_tokens=len(rendered.ids))
@@ -476,7 +480,7 @@ def test_a_retried_first_request_is_its_generation_prompt_on_the_recorded_prefix
     assert isinstance(rendered.prompt, BridgedPrompt)
     assert list(rendered.prompt.segments) == []
     assert qwen.decode(rendered.prompt.generation_prompt) == "<|im_start|>assistant\n"
-    assert rendered.ids == hf_full_ids(hf, renderer.template, first)
+    assert rendered.ids.tolist() == hf_full_ids(hf, renderer.template, first)
 
 
 def test_a_bridged_prompt_is_refused_exactly_past_the_limit(qwen: Vocabulary) -> None:
@@ -528,7 +532,7 @@ def test_a_tool_result_answering_no_call_is_rendered(
     orphan = Message("tool", (Text("late output"),), tool_call_id="call_gone")
     prompt = Prompt((Message.text("user", "go"), orphan), TOOLS)
     rendered = renderer.render(SessionTree().route(prompt))
-    assert rendered.ids == hf_full_ids(hf, renderer.template, prompt)
+    assert rendered.ids.tolist() == hf_full_ids(hf, renderer.template, prompt)
 
 
 KEPT = "turn 0's output is kept verbatim where the template renders its reply differently"

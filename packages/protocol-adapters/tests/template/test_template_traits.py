@@ -109,7 +109,7 @@ def assert_exact(session: ChatSession, chat: ChatTemplate, **kwargs: object) -> 
     """Every prompt the session sent is transformers' render of its conversation."""
     for index, (prompt, rendered) in enumerate(session.sent):
         expected = reference_ids(session.vocabulary, chat.source, prompt, **kwargs)  # type: ignore[arg-type]
-        assert rendered.ids == expected, f"turn {index}"
+        assert rendered.ids.tolist() == expected, f"turn {index}"
 
 
 def test_the_base_template_is_bridged_exactly_with_probes_it_accepts(small: Vocabulary) -> None:
@@ -220,7 +220,7 @@ def test_reasoning_dropped_from_earlier_turns_is_a_stated_deviation(small: Vocab
     agent_session(session)
     *before, (after_user_prompt, after_user) = session.sent[:6]
     assert_exact(ChatSession(session.renderer, small, sent=before), chat)  # reasoning still shown
-    assert after_user.ids != reference_ids(small, chat.source, after_user_prompt)
+    assert after_user.ids.tolist() != reference_ids(small, chat.source, after_user_prompt)
     assert "output is kept verbatim" in after_user.notes[OUTPUT_KEPT]
     assert PROMPT_MISMATCH not in after_user.notes
     assert summarize(session.tree).prompt_mismatches == {}
@@ -468,7 +468,7 @@ def test_the_generation_prompt_is_the_one_after_the_last_messages_role(
     assert_exact(session, chat)
     for prompt, rendered in session.sent:
         header = small.encode(f"<|im_start|>assistant after {prompt.messages[-1].role}\n")
-        assert rendered.ids[len(rendered.ids) - len(header) :] == header
+        assert rendered.ids.tolist()[len(rendered.ids) - len(header) :] == header
         if isinstance(rendered.prompt, BridgedPrompt):
             assert list(rendered.prompt.generation_prompt) == header
         else:
@@ -898,7 +898,7 @@ def second_turn(small: Vocabulary, chat: ChatTemplate, **options: str) -> Render
     second = renderer.render(tree.route(later))
     assert isinstance(second.prompt, FullPrompt)
     assert second.prompt.reason == FAILED_CHECK
-    assert second.ids == reference_ids(small, chat.source, later, SPECIAL, **options)
+    assert second.ids.tolist() == reference_ids(small, chat.source, later, SPECIAL, **options)
     return second
 
 

@@ -13,6 +13,7 @@ raises :class:`NotBridgeable` with the reason its full render is counted under.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -53,7 +54,7 @@ class BridgedTurn:
     was compared with the template's render (a sampled turn), not only the previous reply."""
 
     prompt: BridgedPrompt
-    ids: list[int]
+    ids: array[int]
     notes: Mapping[str, str]
     mismatch: Mismatch | None
     checked: bool
@@ -171,12 +172,15 @@ def segment_ids(
     return segments
 
 
-def prompt_ids(route: Route, prompt: BridgedPrompt) -> list[int]:
-    """The whole prompt: the route's prefix, then the bridged segments and generation prompt."""
-    ids = route.prefix_ids().tolist()
-    for segment in prompt.segments:
-        ids.extend(segment.ids)
-    ids.extend(prompt.generation_prompt)
+def prompt_ids(route: Route, prompt: BridgedPrompt) -> array[int]:
+    """The whole prompt: the route's prefix, then the bridged segments and generation prompt
+    (an array: the prefix is copied at C speed, never turned into Python ints)."""
+    ids = route.prefix_ids()
+    for part in (*(segment.ids for segment in prompt.segments), prompt.generation_prompt):
+        if isinstance(part, list):
+            ids.fromlist(part)  # three times as fast as extend() from a list
+        else:
+            ids.extend(part)
     return ids
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import threading
 import weakref
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,11 +77,12 @@ class RendererConfig:
 
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
-    """What to record (``prompt``), what to send (``ids``: the full prompt token ids), and the
-    notes every turn keeps about how its prompt was made (``TurnMeta.extra``)."""
+    """What to record (``prompt``), what to send (``ids``: the full prompt token ids, an
+    ``array('i')``: compare with ``ids.tolist()``), and the notes every turn keeps about how its
+    prompt was made (``TurnMeta.extra``)."""
 
     prompt: BridgedPrompt | FullPrompt
-    ids: list[int]
+    ids: array[int]
     checked: bool = False
     notes: Mapping[str, str] = field(default_factory=dict)
 
@@ -202,7 +204,7 @@ class Renderer:
         ids = history_ids + gen_ids
         self._stats.fallback(reason)
         notes = self._turn_notes(now, mismatch)
-        return RenderedPrompt(FullPrompt(ids, len(gen_ids), reason), ids, notes=notes)
+        return RenderedPrompt(FullPrompt(ids, len(gen_ids), reason), array("i", ids), notes=notes)
 
     def _keeps(self, mismatch: Mismatch) -> bool:
         """Whether a bridged prompt with this difference is still served: the model's own

@@ -24,6 +24,9 @@ class SGLangConfig:
       never delay an error or a cancellation by more than this.
     - ``info_timeout``: how long asking the engine for its context length (at start) may take.
     - ``max_connections``: size of the one pooled connection set shared by all calls.
+    - ``prompt_json_cache_bytes``: memory for each session's last prompt ids and their JSON text,
+      so a prompt that extends the previous one encodes only its new ids (~1.2 MB per session at
+      128k ids; least recently used sessions go first; 0 encodes every prompt whole).
     """
 
     base_url: str
@@ -34,6 +37,7 @@ class SGLangConfig:
     info_timeout: float = 10.0
     max_connections: int = 512
     routing_header: str = ROUTING_HEADER
+    prompt_json_cache_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
@@ -51,6 +55,10 @@ class SGLangConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.prompt_json_cache_bytes < 0:
+            raise ValueError(
+                f"prompt_json_cache_bytes must be >= 0, got {self.prompt_json_cache_bytes}"
+            )
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if not self.routing_header:

@@ -39,15 +39,16 @@ from protocol_adapters._types import AdapterError, ErrorKind
 
 from .config import SGLangConfig
 from .connect import ConnectDeadline, connect_trace
+from .ids_json import IdsJson, encode
 from .sse_reader import SSEParser
 from .types import GenerateChunk, GenerateRequest, GenerateResult
 from .wire import (
     StreamDecoder,
     context_length_of,
+    encoded_body,
     error_for_status,
     malformed,
     parse_result,
-    request_body,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class SGLangEngine:
         self._all_done: asyncio.Event | None = None  # set by the last call to end, once closing
         self._closed = False
         self._warned_cumulative = False
+        self._ids_json = IdsJson(config.prompt_json_cache_bytes)
 
     async def __aenter__(self) -> Self:
         self._client()
@@ -124,6 +126,17 @@ class SGLangEngine:
             await self._session.close()
             self._session = None
 
+    async def _body(self, request: GenerateRequest, *, stream: bool) -> bytes:
+        """The request's bytes; the ids' JSON text reuses the session's previous prompt's."""
+        key, ids = request.routing_key, request.input_ids
+        entry, known = self._ids_json.plan(key, ids)
+        if len(ids) - known > _OFF_LOOP_IDS:
+            encoded = await asyncio.to_thread(encode, ids, entry, known)
+        else:
+            encoded = encode(ids, entry, known)
+        text = self._ids_json.keep(key, encoded, known)
+        return encoded_body(request, stream=stream, ids_text=text)
+
     # -- Engine --------------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -133,7 +146,7 @@ class SGLangEngine:
             async with await self._post(
                 session,
                 "/generate",
-                await _encode_off_loop(request_body(request, stream=False)),
+                await self._body(request, stream=False),
                 self._headers(request),
                 deadline,
             ) as response:
@@ -155,7 +168,7 @@ class SGLangEngine:
             response = await self._post(
                 session,
                 "/generate",
-                await _encode_off_loop(request_body(request, stream=True)),
+                await self._body(request, stream=True),
                 {**self._headers(request), "Accept": "text/event-stream"},
                 deadline,
                 idle,
@@ -425,14 +438,8 @@ class SGLangEngine:
 _SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 
 _OFF_LOOP_IDS = 8192
-"""Above this many prompt ids, JSON encoding (~10 ms at 128k ids) moves to a worker thread."""
-
-
-async def _encode_off_loop(body: dict[str, object]) -> bytes:
-    ids = body.get("input_ids")
-    if isinstance(ids, list) and len(ids) > _OFF_LOOP_IDS:
-        return await asyncio.to_thread(_encode, body)
-    return _encode(body)
+"""Above this many ids to encode (a prompt that does not extend the session's previous one),
+their JSON text (~10-20 ms at 128k ids) is written on a worker thread."""
 
 
 def _encode(body: object) -> bytes:

@@ -23,8 +23,8 @@ from .types import GenerateChunk, GenerateRequest, GenerateResult, TopLogprobs
 _MAX_MESSAGE_CHARS = 500
 
 
-def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]:
-    """The ``/generate`` body for ``request``.
+def request_fields(request: GenerateRequest, *, stream: bool) -> dict[str, object]:
+    """The ``/generate`` body for ``request`` but its prompt ids.
 
     The three text switches keep the engine from trimming or rewriting anything: the stop token
     stays in the output (``no_stop_trim``) and special tokens are not dropped from text. Logprobs
@@ -54,7 +54,6 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
         sampling["json_schema"] = s.json_schema
     body: dict[str, object] = {
         "rid": request.rid,
-        "input_ids": list(request.input_ids),
         "sampling_params": sampling,
         "return_logprob": True,
         "logprob_start_len": -1,
@@ -66,6 +65,20 @@ def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]
         body["return_routed_experts"] = True
         body["routed_experts_start_len"] = request.routed_experts.start
     return body
+
+
+def request_body(request: GenerateRequest, *, stream: bool) -> dict[str, object]:
+    """The ``/generate`` body for ``request`` as the engine parses it (:func:`request_fields`
+    and the prompt ids); what is sent is :func:`encoded_body`, the same JSON."""
+    return {"input_ids": list(request.input_ids), **request_fields(request, stream=stream)}
+
+
+def encoded_body(request: GenerateRequest, *, stream: bool, ids_text: str) -> bytes:
+    """The body's bytes, with ``ids_text`` (the inside of the ids' JSON list, encoded
+    incrementally by the caller: :mod:`.ids_json`) as ``input_ids``: the other fields are a few
+    hundred bytes, the ids up to megabytes."""
+    rest = json.dumps(request_fields(request, stream=stream), separators=(",", ":"))
+    return f'{{"input_ids":[{ids_text}],{rest[1:]}'.encode()
 
 
 def malformed(rid: str, detail: str) -> AdapterError:

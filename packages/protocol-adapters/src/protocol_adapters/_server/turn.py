@@ -273,7 +273,7 @@ class TurnRunner:
         client = request.sampling
         capture = self._config.routing
         engine_request = GenerateRequest(
-            input_ids=tuple(rendered.ids),
+            input_ids=rendered.ids,
             sampling=params,
             routing_key=session.tree.session_id,  # never the token: it is a credential
             rid=new_rid(),
