@@ -23,7 +23,6 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from protocol_adapters._dialects import DIALECTS
 from protocol_adapters._dialects.openai_chat import (
     StreamEncoder,
-    error_response,
     parse_request,
     response_body,
 )
@@ -383,36 +382,7 @@ def test_mid_stream_error_is_raised_by_the_sdk() -> None:
             pass
 
 
-# -- errors ------------------------------------------------------------------------------------
-
-ERROR_CASES = [
-    (ErrorKind.INVALID_REQUEST, 400, None, openai.BadRequestError),
-    (ErrorKind.CONTEXT_LENGTH, 400, "context_length_exceeded", openai.BadRequestError),
-    (ErrorKind.AUTHENTICATION, 401, "invalid_api_key", openai.AuthenticationError),
-    (ErrorKind.NOT_FOUND, 404, "not_found", openai.NotFoundError),
-    (ErrorKind.REQUEST_TOO_LARGE, 413, "request_too_large", openai.APIStatusError),
-    (ErrorKind.RATE_LIMITED, 429, "rate_limit_exceeded", openai.RateLimitError),
-    (ErrorKind.ENGINE_ERROR, 500, "server_error", openai.InternalServerError),
-    (ErrorKind.OVERLOADED, 503, "server_overloaded", openai.InternalServerError),
-    (ErrorKind.TIMEOUT, 504, "timeout", openai.InternalServerError),
-]
-
-
-@pytest.mark.parametrize(("kind", "status", "code", "exception"), ERROR_CASES)
-def test_error_responses_are_what_the_sdk_expects(
-    kind: ErrorKind, status: int, code: str | None, exception: type[openai.APIStatusError]
-) -> None:
-    message = "This model's maximum context length is 131072 tokens; you requested 140000."
-    got_status, body = error_response(kind, message)
-    assert got_status == status
-    client = sdk_client(status, json.dumps(body).encode(), "application/json")
-    with pytest.raises(exception) as caught:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    assert caught.value.status_code == status
-    assert caught.value.code == code
-    assert caught.value.message == f"Error code: {status} - {message}"
-    if kind is ErrorKind.CONTEXT_LENGTH:
-        assert caught.value.param == "messages"
+# -- the registry ------------------------------------------------------------------------------
 
 
 def test_registry_reads_include_usage_from_the_request() -> None:

@@ -26,7 +26,6 @@ from protocol_adapters._dialects import DIALECTS
 from protocol_adapters._dialects.opaque import decode_reasoning, encode_reasoning
 from protocol_adapters._dialects.openai_responses import (
     StreamEncoder,
-    error_response,
     parse_request,
     response_body,
 )
@@ -450,36 +449,7 @@ def test_error_before_start_still_opens_the_response() -> None:
     ]
 
 
-# -- errors ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("kind", "status", "code"),
-    [
-        (ErrorKind.INVALID_REQUEST, 400, None),
-        (ErrorKind.CONTEXT_LENGTH, 400, "context_length_exceeded"),
-        (ErrorKind.AUTHENTICATION, 401, "invalid_api_key"),
-        (ErrorKind.NOT_FOUND, 404, "not_found"),
-        (ErrorKind.REQUEST_TOO_LARGE, 413, "request_too_large"),
-        (ErrorKind.RATE_LIMITED, 429, "rate_limit_exceeded"),
-        (ErrorKind.ENGINE_ERROR, 500, "server_error"),
-        (ErrorKind.OVERLOADED, 503, "server_overloaded"),
-        (ErrorKind.TIMEOUT, 504, "timeout"),
-    ],
-)
-def test_error_responses_are_what_the_sdk_expects(
-    kind: ErrorKind, status: int, code: str | None
-) -> None:
-    got_status, body = error_response(kind, "went wrong")
-    assert got_status == status
-    error: Any = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    client = sdk_client(status, json.dumps(body).encode(), "application/json")
-    with pytest.raises(openai.APIStatusError) as caught:
-        client.responses.create(model="m", input="x")
-    assert caught.value.status_code == status
-    assert caught.value.code == code
-    assert caught.value.param == ("input" if kind is ErrorKind.CONTEXT_LENGTH else None)
+# -- the registry ------------------------------------------------------------------------------
 
 
 def test_registry_echoes_request_settings() -> None:

@@ -1,4 +1,6 @@
-"""Anthropic Messages through the real server, driven by the official ``anthropic`` SDK."""
+"""Anthropic Messages through the real server, driven by the official ``anthropic`` SDK: what is
+not the contract every dialect keeps (``test_contract.py``): the trust check against a tampered
+sample, large bodies decoded off the loop, and the engine's routing key."""
 
 from __future__ import annotations
 
@@ -6,12 +8,11 @@ import dataclasses
 import json
 from array import array
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import anthropic
 import pytest
-from server_checks import assert_engine_tokens_trained
+from dialect_drivers import AnthropicDriver
 
 from protocol_adapters._server.config import AdapterConfig
 from protocol_adapters._server.sessions import SessionLimits
@@ -20,113 +21,13 @@ from protocol_adapters._tokenizer import Vocabulary
 from protocol_adapters.testing import ScriptedReply
 from protocol_adapters.testing.stack import LocalStack, local_stack
 from protocol_adapters.testing.trust import TrustViolation, check_engine_tokens_trained
-from trajectory_tree import LossReason, linearize
+from trajectory_tree import linearize
 
-TOOLS = [
-    {
-        "name": "Bash",
-        "description": "Run a shell command",
-        "input_schema": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
-            "required": ["command"],
-        },
-    }
-]
-SCRIPT = [
-    ScriptedReply(
-        reasoning="I should look at the files.",
-        text="Let me list them.",
-        tool_calls=[
-            ("Bash", {"command": "ls -la", "timeout": 60000.0}),
-            ("Bash", {"command": "pwd"}),
-        ],
-    ),
-    ScriptedReply(text="There are two files. Done."),
-]
+SCRIPT = AnthropicDriver.script
 
 
 def client(stack: LocalStack, token: str) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=stack.server.url, api_key=token, max_retries=0)
-
-
-async def two_turns(stack: LocalStack, token: str, *, stream: bool) -> None:
-    api = client(stack, token)
-    messages: list[Any] = [{"role": "user", "content": "What is here?"}]
-    for _ in range(2):
-        reply: anthropic.types.Message
-        if stream:
-            async with api.messages.stream(
-                model="policy",
-                max_tokens=1024,
-                system="You are a coding agent.",
-                messages=messages,
-                tools=TOOLS,  # type: ignore[arg-type]
-            ) as s:
-                reply = await s.get_final_message()
-        else:
-            reply = await api.messages.create(
-                model="policy",
-                max_tokens=1024,
-                system="You are a coding agent.",
-                messages=messages,
-                tools=TOOLS,  # type: ignore[arg-type]
-            )
-        assert reply.usage.input_tokens > 0
-        assert reply.usage.output_tokens > 0
-        # Echo as Claude Code does: the whole reply back, tool inputs re-serialized by the client.
-        echo = [b.model_dump() for b in reply.content]
-        messages.append({"role": "assistant", "content": echo})
-        uses = [b for b in reply.content if b.type == "tool_use"]
-        if not uses:
-            break
-        # Parallel results come back in completion order (reversed here); the last one carries
-        # cache_control.
-        results: list[dict[str, object]] = [
-            {"type": "tool_result", "tool_use_id": u.id, "content": f"output of {u.input}"}
-            for u in reversed(uses)
-        ]
-        results[-1]["cache_control"] = {"type": "ephemeral"}
-        messages.append({"role": "user", "content": results})
-    await api.close()
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_multi_turn_tool_session_trains_exactly_engine_tokens(
-    tmp_path: Path, tokenizer_cache: Path, qwen_vocabulary: Vocabulary, stream: bool
-) -> None:
-    async with local_stack(
-        SCRIPT, tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
-    ) as stack:
-        session = stack.server.sessions.open("anthropic-e2e")
-        await two_turns(stack, session.token, stream=stream)
-        tree = session.tree
-        assert len(tree.turns) == 2
-        assert len(tree.turns[0].reply.tool_calls) == 2
-        lin = linearize(tree)
-        assert len(lin.samples) == 1, "the echo must continue the same branch"
-        assert_engine_tokens_trained(stack, tree, lin)
-        spans = {s.reason for s in lin.samples[0].spans}
-        assert LossReason.TOOL_OUTPUT in spans
-        assert LossReason.RERENDERED_HISTORY not in spans
-        assert all(t.rerendered is None for t in tree.turns)
-        assert stack.renderer.stats.full_renders == 0
-
-
-async def test_unknown_token_is_401_in_anthropic_shape(
-    tokenizer_cache: Path, qwen_vocabulary: Vocabulary
-) -> None:
-    async with local_stack(
-        SCRIPT, tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
-    ) as stack:
-        api = client(stack, "not-a-session")
-        with pytest.raises(anthropic.AuthenticationError) as err:
-            await api.messages.create(
-                model="policy", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
-            )
-        assert err.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
-        await api.close()
-        assert stack.double.requests == []
 
 
 async def test_trust_check_catches_a_tampered_sample(
@@ -136,7 +37,12 @@ async def test_trust_check_catches_a_tampered_sample(
         SCRIPT, tokenizer_cache=tokenizer_cache, vocabulary=qwen_vocabulary
     ) as stack:
         session = stack.server.sessions.open("tamper")
-        await two_turns(stack, session.token, stream=False)
+        async with AnthropicDriver(stack, session.token) as claude:
+            first = await claude.ask(stream=False)
+            claude.answer()
+            second = await claude.ask(stream=False)
+        assert min(first.input_tokens, first.output_tokens) > 0
+        assert min(second.input_tokens, second.output_tokens) > 0
         lin = linearize(session.tree)
         check_engine_tokens_trained(stack, session.tree, lin)  # the honest one passes
         sample = lin.samples[0]

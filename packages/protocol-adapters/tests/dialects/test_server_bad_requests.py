@@ -130,17 +130,6 @@ async def test_oversized_body_is_413(
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_unknown_session_is_401(
-    tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
-) -> None:
-    async with checked(tokenizer_cache, qwen_vocabulary, dialect) as check:
-        with pytest.raises(sdk_error_types(dialect)) as err:
-            await sdk_post(check.stack, dialect, "sess-unknown", minimal_body(dialect, "hi"))
-        assert "session" in assert_sdk_error(dialect, err.value, "auth")
-        await check.after_refusal()
-
-
-@pytest.mark.parametrize("dialect", DIALECTS)
 async def test_missing_key_is_401(
     tokenizer_cache: Path, qwen_vocabulary: Vocabulary, dialect: Dialect
 ) -> None:
