@@ -136,7 +136,7 @@ def serve_adapter(engine_url: str, cache_dir: str, context: int, pretokenizer: s
 
     async def serve() -> None:
         vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(Path(cache_dir)))
-        if pretokenizer == "gpt2":  # as tests/test_tokenizer_pieces.py does
+        if pretokenizer == "gpt2":  # as tests/template/test_tokenizer_pieces.py does
             tokenizer = vocabulary.tokenizer
             tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
                 add_prefix_space=False, use_regex=True
