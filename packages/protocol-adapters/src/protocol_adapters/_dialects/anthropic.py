@@ -64,6 +64,7 @@ from .json_shape import (
     unknown_keys,
 )
 from .opaque import thinking_signature
+from .parse_memo import MemoPass, ParseMemo
 from .protocol import Dialect, Logprobs
 from .sse_writer import sse_event
 from .structured_output import anthropic_schema
@@ -96,8 +97,9 @@ _TOOL_CHOICE_TYPES = ("auto", "any", "tool", "none")
 # -- requests ----------------------------------------------------------------------------------
 
 
-def parse_request(body: object) -> NeutralRequest:
-    """Validate a Messages request body and normalize it; raises AdapterError(INVALID_REQUEST)."""
+def parse_request(body: object, memo: ParseMemo | None = None) -> NeutralRequest:
+    """Validate a Messages request body and normalize it; raises AdapterError(INVALID_REQUEST).
+    ``memo``: the session's last request's messages, parsed (only new ones are parsed again)."""
     root = expect_object(body, "")
     model = required_str(root, "model", "")
     metadata: dict[str, str] = {}
@@ -109,8 +111,9 @@ def parse_request(body: object) -> NeutralRequest:
     if not raw_messages:
         fail("messages", "must contain at least one message")
     calls: frozenset[str] = frozenset()  # tool_use ids of the previous assistant message
+    memo_pass = MemoPass(memo)
     for i, raw in enumerate(raw_messages):
-        parsed = _message(raw, at("messages", i), calls)
+        parsed = memo_pass.message(raw, calls, _message, raw, at("messages", i), calls)
         messages.extend(parsed)
         if parsed[0].role == "assistant":
             calls = frozenset(call.id for call in parsed[0].tool_calls)
@@ -145,6 +148,7 @@ def parse_request(body: object) -> NeutralRequest:
         stop=() if stop is None else string_list(stop, "stop_sequences"),
         json_schema=json_schema,
     )
+    memo_pass.keep()
     return NeutralRequest(
         dialect=DIALECT,
         model=model,
@@ -532,8 +536,8 @@ class AnthropicDialect(Dialect):
 
     name = DIALECT
 
-    def parse_request(self, body: object) -> NeutralRequest:
-        return parse_request(body)
+    def parse_request(self, body: object, memo: ParseMemo | None = None) -> NeutralRequest:
+        return parse_request(body, memo)
 
     def response_body(
         self,

@@ -65,6 +65,7 @@ from .openai_errors import openai_error
 from .openai_logprobs import logprob_entries, top_logprobs
 from .openai_media import image_media
 from .openai_tools import nested, tool_fields
+from .parse_memo import MemoPass, ParseMemo
 from .protocol import Dialect, Logprobs
 from .sse_writer import DONE, sse_event
 from .structured_output import openai_schema
@@ -104,14 +105,20 @@ _FINISH_REASONS = {
 # -- requests ----------------------------------------------------------------------------------
 
 
-def parse_request(body: object) -> NeutralRequest:
-    """Validate a Chat Completions body and normalize it; raises AdapterError(INVALID_REQUEST)."""
+def parse_request(body: object, memo: ParseMemo | None = None) -> NeutralRequest:
+    """Validate a Chat Completions body and normalize it; raises AdapterError(INVALID_REQUEST).
+    ``memo``: the session's last request's messages, parsed (only new ones are parsed again)."""
     root = expect_object(body, "")
     model = required_str(root, "model", "")
     raw_messages = expect_list(require(root, "messages", ""), "messages")
     if not raw_messages:
         fail("messages", "must contain at least one message")
-    messages = [_message(raw, at("messages", i)) for i, raw in enumerate(raw_messages)]
+    memo_pass = MemoPass(memo)
+    messages = [
+        message
+        for i, raw in enumerate(raw_messages)
+        for message in memo_pass.message(raw, None, _one, raw, at("messages", i))
+    ]
     _check_tool_messages(messages)
     for key in ("function_call", "functions", "audio"):
         if root.get(key) is not None:
@@ -151,6 +158,7 @@ def parse_request(body: object) -> NeutralRequest:
         logprobs=logprobs,
         top_logprobs=top,
     )
+    memo_pass.keep()
     return NeutralRequest(
         dialect=DIALECT,
         model=model,
@@ -191,6 +199,10 @@ def _stop(raw: object) -> tuple[str, ...]:
     if isinstance(raw, str):
         return (raw,)
     return string_list(raw, "stop")
+
+
+def _one(raw: object, path: str) -> list[Message]:
+    return [_message(raw, path)]
 
 
 def _message(raw: object, path: str) -> Message:
@@ -446,8 +458,8 @@ class OpenAIChatDialect(Dialect):
 
     name = DIALECT
 
-    def parse_request(self, body: object) -> NeutralRequest:
-        return parse_request(body)
+    def parse_request(self, body: object, memo: ParseMemo | None = None) -> NeutralRequest:
+        return parse_request(body, memo)
 
     def response_body(
         self,

@@ -71,6 +71,7 @@ from .openai_errors import error_code, openai_error
 from .openai_logprobs import logprob_entries, top_logprobs
 from .openai_media import image_media
 from .openai_tools import flat, tool_fields
+from .parse_memo import ParseMemo
 from .protocol import Dialect, Logprobs
 from .sse_writer import sse_event
 from .structured_output import openai_schema
@@ -687,7 +688,8 @@ class OpenAIResponsesDialect(Dialect):
 
     name = DIALECT
 
-    def parse_request(self, body: object) -> NeutralRequest:
+    def parse_request(self, body: object, memo: ParseMemo | None = None) -> NeutralRequest:
+        del memo  # Responses' input items are parsed as one list (a memo for it: not yet)
         return parse_request(body)
 
     def response_body(

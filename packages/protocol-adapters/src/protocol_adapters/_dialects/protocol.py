@@ -20,6 +20,8 @@ from protocol_adapters._types import (
 )
 from trajectory_tree import Message
 
+from .parse_memo import ParseMemo
+
 Logprobs = Sequence[TokenLogprob] | None
 """The generated tokens' logprobs, when the client asked for them."""
 
@@ -48,8 +50,10 @@ class Dialect(Protocol):
     name: str
     """The key in ``DIALECTS``, and the ``dialect`` of every request this dialect parses."""
 
-    def parse_request(self, body: object) -> NeutralRequest:
-        """Validate a request body and normalize it; raises AdapterError(INVALID_REQUEST)."""
+    def parse_request(self, body: object, memo: ParseMemo | None = None) -> NeutralRequest:
+        """Validate a request body and normalize it; raises AdapterError(INVALID_REQUEST).
+        ``memo``: the session's earlier parse, so that messages it re-sends are not parsed again
+        (a dialect may ignore it)."""
         ...
 
     def response_body(

@@ -20,7 +20,7 @@ from protocol_adapters._types import AdapterError, ErrorKind, NeutralRequest, Us
 from .config import AdapterConfig
 from .sessions import Session, SessionRegistry
 from .timing import TurnTimings, start_clock
-from .turn import READ_HEADERS, Finished, Generated, Started, TurnRunner
+from .turn import AGENT_ID_HEADER, READ_HEADERS, Finished, Generated, Started, TurnRunner
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,8 @@ def model_handler(dialect: Dialect) -> Handler:
             raw = await read_body(request)
             if clock is not None:
                 clock.body_read = time.perf_counter()
-            neutral = await request.app[WORKERS_KEY].decode(dialect.name, raw)
+            memo = session.parse_memo(headers.get(AGENT_ID_HEADER))
+            neutral = await request.app[WORKERS_KEY].decode(dialect.name, raw, memo)
             runner = request.app[RUNNER_KEY]
             if not neutral.stream:
                 outcome = await runner.run(session, neutral, headers)

@@ -15,16 +15,24 @@ import secrets
 
 from protocol_adapters._dialects import DIALECTS
 from protocol_adapters._dialects.json_shape import fail, invalid_text_at, may_hold_surrogates
+from protocol_adapters._dialects.parse_memo import ParseMemo
 from protocol_adapters._types import AdapterError, ErrorKind, NeutralRequest
 
 STEP_CHARS = 256 * 1024
 """Longest piece of text one C call works on when a body is parsed in steps (~0.5 ms)."""
 
 
-def decode_body(dialect: str, raw: bytes | bytearray, *, in_steps: bool = False) -> NeutralRequest:
+def decode_body(
+    dialect: str,
+    raw: bytes | bytearray,
+    *,
+    in_steps: bool = False,
+    memo: ParseMemo | None = None,
+) -> NeutralRequest:
     """Parse, check that every string is valid Unicode, and normalize; AdapterError on bad input.
 
-    ``dialect`` is a name in :data:`DIALECTS`; ``in_steps`` parses huge strings a slice at a time.
+    ``dialect`` is a name in :data:`DIALECTS`; ``in_steps`` parses huge strings a slice at a time;
+    ``memo``: the session's earlier parse (messages it re-sends are not parsed again).
     """
     if not raw:
         raise AdapterError(ErrorKind.INVALID_REQUEST, "request body is empty; expected JSON")
@@ -39,7 +47,7 @@ def decode_body(dialect: str, raw: bytes | bytearray, *, in_steps: bool = False)
         ) from None
     if _may_hold_surrogates(raw, in_steps) and (found := invalid_text_at(body)) is not None:
         fail(*found)
-    neutral = DIALECTS[dialect].parse_request(body)
+    neutral = DIALECTS[dialect].parse_request(body, memo)
     return dataclasses.replace(neutral, body_bytes=len(raw))
 
 

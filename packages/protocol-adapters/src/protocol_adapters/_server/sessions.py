@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from protocol_adapters._dialects.parse_memo import ParseMemo
 from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import SessionTree
 
@@ -51,6 +53,10 @@ class SessionLimits:
             )
 
 
+PARSE_MEMOS = 8
+"""Agents per session whose last request's parse is kept: a main agent and its live sub-agents."""
+
+
 @dataclass(slots=True)
 class Session:
     """One open session.
@@ -76,10 +82,21 @@ class Session:
     refused: dict[str | None, Refused] = field(default_factory=dict)
     """Each agent's last request refused as too long, to tell its shortened resend
     (shortened.py); keyed by agent id (None: the main agent)."""
+    parsed: OrderedDict[str | None, ParseMemo] = field(default_factory=OrderedDict)
+    """Each agent's last request's messages, parsed (keyed like ``refused``; the most recently
+    used :data:`PARSE_MEMOS` agents)."""
     _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self._settled.set()
+
+    def parse_memo(self, agent: str | None) -> ParseMemo:
+        """The memo of ``agent``'s requests (None: the main agent), most recently used now."""
+        memo = self.parsed.pop(agent, None) or ParseMemo()
+        self.parsed[agent] = memo
+        while len(self.parsed) > PARSE_MEMOS:
+            self.parsed.popitem(last=False)
+        return memo
 
     @property
     def max_prompt_tokens(self) -> int:

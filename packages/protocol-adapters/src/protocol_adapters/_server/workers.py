@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from protocol_adapters._dialects.parse_memo import ParseMemo
 from protocol_adapters._types import NeutralRequest
 
 from .body import decode_body
@@ -66,11 +67,13 @@ class Workers:
     def is_large(self, body_bytes: int) -> bool:
         return body_bytes > self.large.threshold
 
-    async def decode(self, dialect: str, raw: bytes | bytearray) -> NeutralRequest:
+    async def decode(
+        self, dialect: str, raw: bytes | bytearray, memo: ParseMemo | None = None
+    ) -> NeutralRequest:
         """The body as the dialect's neutral request (see :func:`decode_body`)."""
         if len(raw) <= INLINE_BYTES:
-            return decode_body(dialect, raw)
-        in_steps = functools.partial(decode_body, in_steps=self.is_large(len(raw)))
+            return decode_body(dialect, raw, memo=memo)
+        in_steps = functools.partial(decode_body, in_steps=self.is_large(len(raw)), memo=memo)
         return await self.run(len(raw), in_steps, dialect, raw)
 
     async def run(self, body_bytes: int, work: Callable[..., T], *args: object) -> T:
