@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from protocol_adapters._dialects import anthropic, openai_chat
 from protocol_adapters._dialects.parse_memo import ParseMemo
+from protocol_adapters._server.workers import INLINE_BYTES, LargeBodies, Workers
 from protocol_adapters._types import AdapterError, NeutralRequest
 
 
@@ -174,3 +175,21 @@ def test_chat_completions_reuses_a_resent_conversation_too() -> None:
     again = openai_chat.parse_request(chat(3), memo)
     assert memo.reused == len(chat(2)["messages"])
     assert again == openai_chat.parse_request(chat(3))
+
+
+async def test_a_large_body_is_parsed_without_the_memo_and_leaves_it_as_it_was() -> None:
+    """Past the large-body threshold the memo would hold as much again as the body: not used."""
+    workers = Workers(LargeBodies(threshold=INLINE_BYTES), threads=2)
+    try:
+        memo = ParseMemo()
+        small = json.dumps(conversation(2)).encode()
+        await workers.decode("anthropic", small, memo)
+        big = conversation(3)
+        big["messages"][-1]["content"][0]["content"] = "x" * (INLINE_BYTES + 1)
+        parsed = await workers.decode("anthropic", json.dumps(big).encode(), memo)
+        assert parsed.prompt == anthropic.parse_request(big).prompt
+        assert memo.reused == 0
+        await workers.decode("anthropic", json.dumps(conversation(3)).encode(), memo)
+        assert memo.reused == len(conversation(2)["messages"])  # the small request's memo
+    finally:
+        workers.close()

@@ -10,7 +10,9 @@ message before it made). A message whose key and state equal those of the messag
 position in the previous request gets that parse: the same immutable ``Message`` objects,
 found at C speed. Anything else is parsed.
 
-A request's parse is kept only when the whole request parsed; two concurrent requests of one
+Memory: the keys are about as large as the messages' JSON, per session and agent (a large body,
+past the server's large-body threshold, is parsed without a memo). A request's parse is kept only
+when the whole request parsed; two concurrent requests of one
 session each read one snapshot and replace it, so the memo is at worst less useful, never wrong.
 """
 

@@ -70,10 +70,12 @@ class Workers:
     async def decode(
         self, dialect: str, raw: bytes | bytearray, memo: ParseMemo | None = None
     ) -> NeutralRequest:
-        """The body as the dialect's neutral request (see :func:`decode_body`)."""
+        """The body as the dialect's neutral request (see :func:`decode_body`). A large body
+        is parsed without the memo and replaces none: its memo would hold as much again."""
         if len(raw) <= INLINE_BYTES:
             return decode_body(dialect, raw, memo=memo)
-        in_steps = functools.partial(decode_body, in_steps=self.is_large(len(raw)), memo=memo)
+        large = self.is_large(len(raw))
+        in_steps = functools.partial(decode_body, in_steps=large, memo=None if large else memo)
         return await self.run(len(raw), in_steps, dialect, raw)
 
     async def run(self, body_bytes: int, work: Callable[..., T], *args: object) -> T:
