@@ -4,6 +4,7 @@
     uv run tools/bench/turn_profile.py --quick             # 8k, 32k, 3 turns each: < 1 min
     uv run tools/bench/turn_profile.py --contexts 64000 --tool-kb 8 --turns 20
     uv run tools/bench/turn_profile.py --markdown table.md # the table as Markdown too
+    uv run tools/bench/turn_profile.py --tokenize-calls 200 # more calls in the tokenizing table
     uv run tools/bench/turn_profile.py --cprofile 10       # and the loop thread under cProfile
     uv run tools/bench/turn_profile.py --adapter-src OTHER/packages/protocol-adapters/src
     uv run tools/bench/turn_profile.py --baseline OTHER/packages/protocol-adapters/src
@@ -56,6 +57,23 @@ and so inflates Python-heavy phases against C-heavy ones (json, the tokenizer), 
 this table is for. The hooks' own cost is shown twice: hooked turns against turns without hooks
 (noisy on a shared machine), and hooked calls per turn times a calibrated cost per call.
 
+Then, per tool-result size, a table apart: tokenizing a turn's new text, the adapter against
+the Rust tokenizer. One more sibling turn (without hooks) at the session's last context, during
+which the adapter's ``Vocabulary.encode_with_offsets`` is wrapped to keep the text it is called
+with (the bridge's one call, on the new messages as the template renders them); then, in the
+adapter's process (idle: no turn in flight), on that text and with the same arguments, interleaved
+calls of (a) ``tokenizer.encode``, (b) ``tokenizer.encode_batch([text])``, (c) that and its
+``.ids`` and ``.offsets`` lists, (d) ``encode_with_offsets``, all four on one worker thread of a
+``ThreadPoolExecutor``, and (e) (d) through ``loop.run_in_executor`` to that thread, timed on the
+event loop; CPU is the process's (every thread, the tokenizer's own too). The overheads (d)-(a),
+(d)-(c) and (e)-(d) are medians of per-round differences with a ~95% confidence interval, judged
+against 0.2 ms (``--tokenize-calls``: calls of each, 100 by default, 50 with ``--quick``); beside
+them, the same measured directly, without the tokenizer's call-to-call spread (a millisecond at
+32 KB): each call's CPU outside the tokenizer's encode calls (timed around them), and (e)'s less
+the (d) inside it; the verdict is the direct measurements'. For reference: a hop of nothing, a
+hop around a sleep as long as (d), and (a) on the main thread (the tokenizer is slower there:
+glibc's main malloc arena).
+
 Also printed: the floor every adapter pays, measured in this process on the same body and ids:
 ``json.loads`` of the client's body and ``json.dumps`` of the whole prompt's id list (what
 ``/generate`` carries). The exit status is 1 if a measured turn was not a bridged continuation of
@@ -66,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import cProfile
 import dataclasses
@@ -75,6 +94,7 @@ import gc
 import inspect
 import io
 import json
+import math
 import os
 import pstats
 import random
@@ -603,6 +623,275 @@ class Probe:
         }
 
 
+# -- tokenizing: the adapter against the Rust tokenizer (runs in the adapter's process) ---------
+
+VARIANTS: tuple[tuple[str, str], ...] = (
+    ("a", "(a) tokenizer.encode(text)"),
+    ("b", "(b) tokenizer.encode_batch([text])"),
+    ("c", "(c) (b) + .ids, .offsets lists"),
+    ("d", "(d) Vocabulary.encode_with_offsets(text)"),
+    ("e", "(e) (d) via loop.run_in_executor"),
+    ("p", "(d) with its encode_batch calls timed"),
+    ("h", "a hop of nothing (the worker answers at once)"),
+    ("s", "a hop around time.sleep((d)'s CPU)"),
+    ("m", "(a) on the main thread"),
+)
+"""The calls compared on one text. (a)-(c): the Rust tokenizer directly (``encode``, which holds
+the GIL; ``encode_batch`` of one text, which releases it; and its ids and offsets as Python
+lists, which the getters build). (d): the adapter's ``Vocabulary.encode_with_offsets`` (pieces,
+``encode_batch`` per piece, the lists extended, the offsets shifted past the first piece). (e):
+(d) through a worker-thread hop, as the server runs it (``loop.run_in_executor`` on a started
+``ThreadPoolExecutor``, awaited on the event loop, timed there). (a)-(d) run on that executor's
+thread, timed there: the server tokenizes on worker threads, and the Rust tokenizer is slower on
+the main thread (glibc's main malloc arena, shared with the interpreter's own allocations,
+against a thread's arena of its own), so (a) on the main thread (the event loop's) is a
+reference apart.
+
+The overheads are measured directly too, free of the tokenizer's call-to-call spread (a 32 KB
+text's encode varies by a millisecond or more): each call's CPU outside the tokenizer's encode
+calls (timed around them: in (a)-(c) inline; in "p", a twin of (d), by a stand-in for the
+tokenizer that times its ``encode_batch`` calls, and the garbage collections during it too), and
+(e)'s CPU less that of the (d) inside it, as the worker timed it. Two hops for reference: "h" of
+nothing (the worker answers at once), "s" around a sleep as long as (d) (the event loop and the
+worker both block and wake, as in (e), with no work done)."""
+OVERHEADS: tuple[tuple[str, str], ...] = (("d", "a"), ("d", "c"), ("e", "d"))
+"""The overheads judged, CPU: (d)-(a), (d)-(c), (e)-(d)."""
+OVERHEAD_LIMIT_MS = 0.2
+WARM_UP_ROUNDS = 3
+SERIES = ("cpu", "caller", "wall", "inside", "inside_wall", "gc", "ids", "offsets")
+"""Per call, ns: the process's CPU (``time.process_time_ns``: every thread, the tokenizer's own
+included); the calling thread's CPU (0 for the hops: timed on the loop); the wall as the caller
+sees it; "inside": the process's CPU inside the tokenizer's encode calls (timed around them in
+(a)-(c) and "p"), for the hops inside the hopped call as the worker timed it ("inside_wall": its
+wall there); "p" only: "gc", the thread's CPU in garbage collections, "ids" and "offsets", the
+process's CPU in those getters (the collections they set off included). 0 where not taken."""
+
+
+class Capture:
+    """The calls of the adapter's ``Vocabulary.encode_with_offsets`` while installed: in a bridged
+    turn, exactly one, on the new messages' text (the bridge's ``appended.body``, through
+    ``encode_within``). Installed with the hooks off, on the class (so the renderer's instance,
+    on whichever worker thread, is seen); removed by putting back what was there."""
+
+    def __init__(self, vocabulary: Any) -> None:
+        self.owner = type(vocabulary)
+        self.calls: list[dict[str, Any]] = []
+        self.original: Any = None
+
+    def start(self) -> None:
+        self.calls.clear()
+        self.original = vars(self.owner)["encode_with_offsets"]
+        original = self.original
+
+        @functools.wraps(original)
+        def captured(vocabulary: Any, text: str, **kwargs: Any) -> Any:
+            thread = threading.current_thread().name
+            self.calls.append({"text": text, "kwargs": kwargs, "thread": thread})
+            return original(vocabulary, text, **kwargs)
+
+        setattr(self.owner, "encode_with_offsets", captured)  # noqa: B010 (a method, replaced)
+
+    def stop(self) -> list[dict[str, Any]]:
+        if self.original is not None:
+            setattr(self.owner, "encode_with_offsets", self.original)  # noqa: B010
+            self.original = None
+        return list(self.calls)
+
+
+class TimedTokenizer:
+    """Stands in for the vocabulary's Rust tokenizer (its ``tokenizer`` slot, while no turn is in
+    flight) to count its ``encode_batch`` calls (the pieces the vocabulary cuts a text into) and
+    the process CPU spent inside them, and in the ``.ids`` and ``.offsets`` getters of the
+    encodings they return; everything else is the tokenizer's own."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.batches = 0
+        self.inside_ns = 0
+        self.ids_ns = 0
+        self.offsets_ns = 0
+
+    def encode_batch(self, *args: Any, **kwargs: Any) -> Any:
+        began = time.process_time_ns()
+        try:
+            encodings = self.tokenizer.encode_batch(*args, **kwargs)
+        finally:
+            self.inside_ns += time.process_time_ns() - began
+            self.batches += 1
+        return [TimedEncoding(encoding, self) for encoding in encodings]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+
+class TimedEncoding:
+    """An ``Encoding`` whose ``.ids`` and ``.offsets`` (each a new Python list, built by the
+    getter) are timed for its :class:`TimedTokenizer`."""
+
+    __slots__ = ("encoding", "owner")
+
+    def __init__(self, encoding: Any, owner: TimedTokenizer) -> None:
+        self.encoding = encoding
+        self.owner = owner
+
+    @property
+    def ids(self) -> Any:
+        began = time.process_time_ns()
+        ids = self.encoding.ids
+        self.owner.ids_ns += time.process_time_ns() - began
+        return ids
+
+    @property
+    def offsets(self) -> Any:
+        began = time.process_time_ns()
+        offsets = self.encoding.offsets
+        self.owner.offsets_ns += time.process_time_ns() - began
+        return offsets
+
+    def __len__(self) -> int:
+        return len(self.encoding)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.encoding, name)
+
+
+@contextlib.contextmanager
+def tokenizer_timed(vocabulary: Any) -> Iterator[TimedTokenizer]:
+    tokenizer = vocabulary.tokenizer
+    timed = TimedTokenizer(tokenizer)
+    setattr(vocabulary, "tokenizer", timed)  # noqa: B010 (the slot, put back below)
+    try:
+        yield timed
+    finally:
+        setattr(vocabulary, "tokenizer", tokenizer)  # noqa: B010
+
+
+async def tokenize_costs(
+    vocabulary: Any, text: str, kwargs: dict[str, Any], rounds: int
+) -> dict[str, Any]:
+    """The :data:`VARIANTS` on ``text`` (with the adapter's call's ``kwargs``), ``rounds`` calls
+    each after :data:`WARM_UP_ROUNDS`, interleaved (one of each per round, the order rotating),
+    in this process while it is idle: :data:`SERIES` per call, by variant."""
+    tokenizer = vocabulary.tokenizer
+
+    def direct() -> dict[str, int]:
+        began = time.process_time_ns()
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        inside = time.process_time_ns() - began
+        del encoding  # freed outside the encode call, as in the others
+        return {"inside": inside}
+
+    def batch() -> dict[str, int]:
+        began = time.process_time_ns()
+        (encoding,) = tokenizer.encode_batch([text], add_special_tokens=False)
+        inside = time.process_time_ns() - began
+        del encoding
+        return {"inside": inside}
+
+    def lists() -> dict[str, int]:
+        began = time.process_time_ns()
+        (encoding,) = tokenizer.encode_batch([text], add_special_tokens=False)
+        inside = time.process_time_ns() - began
+        ids, offsets = encoding.ids, encoding.offsets
+        del encoding, ids, offsets
+        return {"inside": inside}
+
+    def adapter() -> dict[str, int]:
+        ids, offsets = vocabulary.encode_with_offsets(text, **kwargs)
+        del ids, offsets
+        return {}
+
+    collecting = [0, 0]  # the thread's CPU in collections so far; when the current one began
+
+    def collection(stage: str, info: dict[str, int]) -> None:
+        del info
+        if stage == "start":
+            collecting[1] = time.thread_time_ns()
+        else:
+            collecting[0] += time.thread_time_ns() - collecting[1]
+
+    def adapter_timed() -> dict[str, int]:
+        collecting[0] = 0
+        gc.callbacks.append(collection)
+        try:
+            with tokenizer_timed(vocabulary) as timing:
+                adapter()
+        finally:
+            gc.callbacks.remove(collection)
+        return {
+            "inside": timing.inside_ns,
+            "gc": collecting[0],
+            "ids": timing.ids_ns,
+            "offsets": timing.offsets_ns,
+        }
+
+    def timed(call: Callable[[], dict[str, int] | None]) -> dict[str, int]:
+        """One call, its results freed inside the window too: the clocks around it and what the
+        call reports (the parts of :data:`SERIES` it timed inside)."""
+        began, cpu, thread = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+        inside = call()
+        thread = time.thread_time_ns() - thread
+        cpu = time.process_time_ns() - cpu
+        wall = time.perf_counter_ns() - began
+        return {"cpu": cpu, "caller": thread, "wall": wall, **(inside or {})}
+
+    with tokenizer_timed(vocabulary) as counting:
+        ids, _ = vocabulary.encode_with_offsets(text, **kwargs)
+    (whole,) = tokenizer.encode_batch([text], add_special_tokens=False)
+    if list(ids) != list(whole.ids):
+        raise RuntimeError("the vocabulary's ids differ from the tokenizer's on the same text")
+    on_worker: dict[str, Callable[[], dict[str, int]]] = {
+        "a": direct,
+        "b": batch,
+        "c": lists,
+        "d": adapter,
+        "p": adapter_timed,
+    }
+    keys = [key for key, _ in VARIANTS]
+    samples: dict[str, dict[str, list[int]]] = {name: {key: [] for key in keys} for name in SERIES}
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bench-hop") as pool:
+        await loop.run_in_executor(pool, int)  # its thread started, as the server's are
+        # As long as (d) runs once warm (the pool's thread is new: its first calls are slower).
+        runs = [(await loop.run_in_executor(pool, timed, adapter))["cpu"] for _ in range(8)]
+        took = statistics.median(runs[3:])
+        asleep = functools.partial(time.sleep, took / 1e9)
+        hops: dict[str, Callable[[], dict[str, int] | None]] = {
+            "e": adapter,
+            "h": dict,
+            "s": asleep,
+        }
+        for round_ in range(WARM_UP_ROUNDS + rounds):
+            shift = round_ % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                if key in hops:
+                    began, cpu = time.perf_counter_ns(), time.process_time_ns()
+                    hopped = await loop.run_in_executor(pool, timed, hops[key])
+                    cpu = time.process_time_ns() - cpu
+                    wall = time.perf_counter_ns() - began
+                    sample = {
+                        "cpu": cpu,
+                        "wall": wall,
+                        "inside": hopped["cpu"],
+                        "inside_wall": hopped["wall"],
+                    }
+                elif key == "m":
+                    sample = timed(direct)
+                else:
+                    sample = await loop.run_in_executor(pool, timed, on_worker[key])
+                if round_ >= WARM_UP_ROUNDS:
+                    for name in SERIES:
+                        samples[name][key].append(sample.get(name, 0))
+    return {
+        "chars": len(text),
+        "tokens": len(ids),
+        "pieces": counting.batches,
+        "kwargs": kwargs,
+        "sleep_ms": took / 1e6,
+        **samples,
+    }
+
+
 def serve_adapter(engine_url: str, cache_dir: str) -> None:
     """The adapter, in this process: print its URL, then answer the bench's commands (one JSON
     line each on stdin, one answer each on stdout) until ``stop``. Imports only the public API."""
@@ -630,6 +919,7 @@ def serve_adapter(engine_url: str, cache_dir: str) -> None:
         vocabulary.at_least("")
         once_ms = (time.thread_time_ns() - began) / 1e6
         renderer = Renderer(vocabulary, qwen3_template(), RendererConfig(check_sample_rate=0.0))
+        capture = Capture(vocabulary)
         config = AdapterConfig(
             limits=SessionLimits(max_turns=100_000, context_tokens=CONTEXT_TOKENS)
         )
@@ -695,6 +985,22 @@ def serve_adapter(engine_url: str, cache_dir: str) -> None:
                     stats = pstats.Stats(profiler, stream=out)
                     stats.sort_stats("tottime").print_stats(int(command["top"]))
                     return {"text": out.getvalue()}
+                if cmd == "capture":  # before a turn without hooks
+                    if "encode_with_offsets" not in vars(type(vocabulary)):
+                        return {"error": "this adapter's Vocabulary has no encode_with_offsets"}
+                    probe.hooks.set(False)
+                    capture.start()
+                    return {"ok": True}
+                if cmd == "tokenize":  # after it: the text it encoded, measured
+                    calls = capture.stop()
+                    if len(calls) != 1:
+                        return {"error": f"{len(calls)} encode_with_offsets calls in the turn"}
+                    (call,) = calls
+                    costs = tokenize_costs(
+                        vocabulary, call["text"], call["kwargs"], int(command["rounds"])
+                    )
+                    answer = asyncio.run_coroutine_threadsafe(costs, loop).result()
+                    return {**answer, "thread": call["thread"]}
                 if cmd == "stop":
                     return {"ok": True}
                 raise ValueError(f"unknown command {cmd!r}")
@@ -1334,6 +1640,212 @@ def comparison_markdown(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out) + "\n"
 
 
+# -- the tokenizing table: the adapter against the Rust tokenizer -------------------------------
+
+
+@dataclass
+class Tokenized:
+    """The :data:`VARIANTS` measured on the new text of one turn (the adapter's answer)."""
+
+    tool_kb: int
+    context: int
+    answer: dict[str, Any]
+    load_average: float
+    problems: list[str]
+
+
+async def tokenize_point(
+    session: Session, lane: Lane, rounds: int, console: Console
+) -> Tokenized | None:
+    """One more sibling turn at the session's last context (without hooks), the text its
+    ``encode_with_offsets`` call encoded captured in the adapter; then the :data:`VARIANTS` on
+    that text, measured in the adapter's process (idle meanwhile: no turn in flight)."""
+    started = await asyncio.to_thread(lane.adapter.ask, cmd="capture")
+    if "error" in started:
+        console.print(f"[yellow]  tokenizing not measured: {started['error']}[/]")
+        return None
+    measured, _ = await measured_turn(session, lane, session.tool_result(), hooks=False)
+    load = os.getloadavg()[0]
+    answer = await asyncio.to_thread(lane.adapter.ask, cmd="tokenize", rounds=rounds)
+    problems = list(measured.problems)
+    if "error" in answer:
+        problems.append(f"tokenizing not measured: {answer['error']}")
+    kb = session.tool_bytes // 1024
+    return Tokenized(kb, session.context, answer, load, problems)
+
+
+def median_ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """The median and a distribution-free ~95% confidence interval of it: the order statistics
+    ``n/2 -/+ 0.98 sqrt(n)``."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 0.98 * math.sqrt(n)
+    low = ordered[max(0, math.floor(n / 2 - half))]
+    high = ordered[min(n - 1, math.ceil(n / 2 + half))]
+    return statistics.median(ordered), low, high
+
+
+def paired_ms(answer: dict[str, Any], series: str, minuend: str, subtrahend: str) -> list[float]:
+    """Per round, ``minuend``'s call less ``subtrahend``'s (the same round: the same load), ms."""
+    pairs = zip(answer[series][minuend], answer[series][subtrahend], strict=True)
+    return [(a - b) / 1e6 for a, b in pairs]
+
+
+def with_ci(found: tuple[float, float, float], sign: str = "+") -> str:
+    median, low, high = found
+    return f"{median:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
+
+
+def judged(found: tuple[float, float, float]) -> str:
+    """Under the limit when the confidence interval's top is, over when its bottom is."""
+    _, low, high = found
+    if high < OVERHEAD_LIMIT_MS:
+        return "under"
+    if low > OVERHEAD_LIMIT_MS:
+        return "OVER"
+    return "unresolved"
+
+
+def outside_ms(answer: dict[str, Any], key: str) -> list[float]:
+    """Per call of ``key``, its CPU outside the tokenizer's encode calls (for a hop: outside
+    the hopped call), ms."""
+    pairs = zip(answer["cpu"][key], answer["inside"][key], strict=True)
+    return [(cpu - inside) / 1e6 for cpu, inside in pairs]
+
+
+def outside_diff(answer: dict[str, Any], minuend: str, subtrahend: str) -> list[float]:
+    """Per round, ``minuend``'s CPU outside the encode calls less ``subtrahend``'s, ms ("d"
+    stands for its timed twin "p")."""
+    first = outside_ms(answer, "p" if minuend == "d" else minuend)
+    second = outside_ms(answer, subtrahend)
+    return [x - y for x, y in zip(first, second, strict=True)]
+
+
+def direct_overheads(answer: dict[str, Any]) -> list[tuple[str, tuple[float, float, float]]]:
+    """The judged overheads, measured directly: (d)-(a) and (d)-(c) outside the tokenizer's
+    encode calls, and (e)-(d) as (e)'s CPU less that of the (d) inside it."""
+    found = []
+    for minuend, subtrahend in OVERHEADS:
+        if minuend == "d":
+            values = outside_diff(answer, minuend, subtrahend)
+        else:
+            values = outside_ms(answer, "e")
+        found.append((f"({minuend})-({subtrahend})", median_ci(values)))
+    return found
+
+
+def tokenize_rows(points: Sequence[Tokenized]) -> list[tuple[str, list[str]]]:
+    """The tokenizing table's rows, a cell per tool-result size: medians of each variant's calls
+    (CPU ms), the overheads (medians of per-round differences, ~95% CI), the same measured
+    directly, the hops for reference, and the verdict (from the direct measurements)."""
+    labels = dict(VARIANTS)
+    Cell = Callable[[dict[str, Any]], str]
+
+    def median(key: str, series: str = "cpu") -> Cell:
+        return lambda a: f"{statistics.median(a[series][key]) / 1e6:.3f}"
+
+    def gc_cell(a: dict[str, Any]) -> str:
+        spent = a["gc"]["p"]
+        return f"{statistics.median(spent) / 1e6:.3f} / {statistics.fmean(spent) / 1e6:.3f}"
+
+    def paired(minuend: str, subtrahend: str, series: str = "cpu") -> Cell:
+        return lambda a: with_ci(median_ci(paired_ms(a, series, minuend, subtrahend)))
+
+    def off_thread(a: dict[str, Any]) -> str:
+        pairs = zip(a["cpu"]["d"], a["caller"]["d"], strict=True)
+        return f"{statistics.median(process - thread for process, thread in pairs) / 1e6:.3f}"
+
+    def direct(minuend: str, subtrahend: str) -> Cell:
+        return lambda a: with_ci(median_ci(outside_diff(a, minuend, subtrahend)))
+
+    def hop(key: str, series: str = "cpu") -> Cell:
+        def cell(a: dict[str, Any]) -> str:
+            inner = "inside" if series == "cpu" else "inside_wall"
+            pairs = zip(a[series][key], a[inner][key], strict=True)
+            return with_ci(median_ci([(outer - inside) / 1e6 for outer, inside in pairs]), "")
+
+        return cell
+
+    def sleeping(a: dict[str, Any]) -> str:
+        return f"{hop('s')(a)}, {a['sleep_ms']:.1f} ms asleep"
+
+    def verdict(a: dict[str, Any]) -> str:
+        return ", ".join(f"{name} {judged(found)}" for name, found in direct_overheads(a))
+
+    table: list[tuple[str, Cell]] = [
+        (
+            "new text: characters / tokens / pieces",
+            lambda a: f"{a['chars']:,} / {a['tokens']:,} / {a['pieces']}",
+        ),
+        *((f"{labels[key]}: CPU", median(key)) for key in "abcde"),
+        (f"{labels['e']}: loop-side wall", median("e", "wall")),
+        ("(d): CPU off its thread (the tokenizer's own threads)", off_thread),
+        ("(b)-(a): CPU [~95% CI]", paired("b", "a")),
+        *((f"({m})-({s}): CPU [~95% CI]", paired(m, s)) for m, s in OVERHEADS),
+        ("(e)-(d): wall [~95% CI]", paired("e", "d", "wall")),
+        ("direct, outside the encode calls: (d)-(a), CPU", direct("d", "a")),
+        ("direct, outside the encode calls: (d)-(c), CPU", direct("d", "c")),
+        ("direct, outside the encode calls: (c)-(b), the lists, CPU", direct("c", "b")),
+        ("direct, outside the encode calls: (b)-(a), CPU", direct("b", "a")),
+        ("(d): in its .ids getter, CPU", median("p", "ids")),
+        ("(d): in its .offsets getter (collections included), CPU", median("p", "offsets")),
+        ("(d): in garbage collections, CPU, median / mean", gc_cell),
+        ("direct: (e)-(d), (e) less the (d) inside it, CPU", hop("e")),
+        ("direct: (e)-(d), (e) less the (d) inside it, wall", hop("e", "wall")),
+        (f"{labels['h']}: CPU", hop("h")),
+        (f"{labels['s']}: CPU", sleeping),
+        (f"verdict (direct, CI against {OVERHEAD_LIMIT_MS} ms)", verdict),
+        (f"reference: {labels['m']}, CPU", median("m")),
+    ]
+    answers = [p.answer for p in points if "error" not in p.answer]
+    return [(label, [value(a) for a in answers]) for label, value in table]
+
+
+def tokenize_headers(points: Sequence[Tokenized]) -> list[str]:
+    kept = [p for p in points if "error" not in p.answer]
+    return ["ms per call (median)", *(f"{p.tool_kb} KB tool result" for p in kept)]
+
+
+def tokenize_table(points: Sequence[Tokenized]) -> Table:
+    rounds = min((len(p.answer["cpu"]["a"]) for p in points if "cpu" in p.answer), default=0)
+    table = Table(
+        title=(
+            "Tokenizing a turn's new text (the text of the bridge's encode_with_offsets call, "
+            f"captured in the adapter): median of {rounds} calls each, interleaved, in the idle "
+            "adapter process; CPU: the process's (every thread); (a)-(d) on the worker thread "
+            "(e) hops to; overheads: medians of per-round differences [~95% CI]"
+        )
+    )
+    for index, name in enumerate(tokenize_headers(points)):
+        table.add_column(name, justify="left" if index == 0 else "right")
+    for label, cells in tokenize_rows(points):
+        table.add_row(label, *cells)
+    return table
+
+
+def tokenize_markdown(points: Sequence[Tokenized]) -> str:
+    names = tokenize_headers(points)
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    lines += ["| " + " | ".join([label, *cells]) + " |" for label, cells in tokenize_rows(points)]
+    return "\n".join(lines) + "\n"
+
+
+def tokenize_notes(points: Sequence[Tokenized]) -> list[str]:
+    """Per tool-result size: where and how the adapter encoded the text, and the load."""
+    notes = []
+    for p in points:
+        answer = p.answer
+        if "error" in answer:
+            continue
+        arguments = ", ".join(f"{k}={v:,}" for k, v in answer["kwargs"].items()) or "no limit"
+        notes.append(
+            f"{p.tool_kb} KB results (at {short(p.context)} ctx): the turn's encode_with_offsets "
+            f"ran on thread {answer['thread']!r} ({arguments}); measured at load average "
+            f"{p.load_average:.2f}"
+        )
+    return notes
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -1377,6 +1889,7 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
     if args.baseline is not None:
         sources = {"baseline": args.baseline, **sources}  # the baseline's lane goes first
     points: list[Point] = []
+    tokenized: list[Tokenized] = []
     resolved: dict[str, dict[str, Any]] = {}
     async with double:
         adapters = {name: Adapter(double.url, args.cache_dir, src) for name, src in sources.items()}
@@ -1430,6 +1943,10 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
                             point.hook_ns = resolved[point.adapter]["hook_ns"]
                             points.append(point)
                     current = lanes[-1]
+                    if args.tokenize_calls:
+                        found = await tokenize_point(session, current, args.tokenize_calls, console)
+                        if found is not None:
+                            tokenized.append(found)
                     for _ in range(args.cprofile):  # at the last context, kept out of the table
                         result = session.tool_result()
                         await measured_turn(session, current, result, hooks=False, cprofile=True)
@@ -1451,6 +1968,13 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
         title += " (the current adapter)"
     console.print(render_table(mine, hook_ns, title))
     markdown = markdown_table(mine, hook_ns)
+    if tokenized:
+        console.print(tokenize_table(tokenized))
+        notes = tokenize_notes(tokenized)
+        for note in notes:
+            console.print(note, highlight=False)
+        markdown += "\n" + tokenize_markdown(tokenized)
+        markdown += "\n" + "".join(f"- {note}\n" for note in notes)
     if args.baseline is not None:
         before = [p for p in points if p.adapter == "baseline"]
         pairs = list(zip(before, mine, strict=True))
@@ -1484,6 +2008,9 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
         for t in [*p.hooked, *p.bare, *([p.forced] if p.forced else [])]
         for problem in t.problems
     ]
+    problems += [
+        f"tokenizing, {p.tool_kb} KB: {problem}" for p in tokenized for problem in p.problems
+    ]
     for problem in problems[:20]:
         console.print(f"[red]{problem}[/]")
     return 1 if problems else 0
@@ -1507,6 +2034,12 @@ def main() -> int:
     )
     parser.add_argument("--turns", type=int, help="hooked turns per point (as many without)")
     parser.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
+    parser.add_argument(
+        "--tokenize-calls",
+        type=int,
+        metavar="N",
+        help="calls per variant in the tokenizing table (default 100, 50 with --quick; 0: none)",
+    )
     parser.add_argument(
         "--cprofile",
         type=int,
@@ -1541,6 +2074,8 @@ def main() -> int:
         args.contexts = [8000, 32000] if args.quick else [8000, 32000, 128000]
     if args.turns is None:
         args.turns = 3 if args.quick else 20
+    if args.tokenize_calls is None:
+        args.tokenize_calls = 50 if args.quick else 100
     console = Console(width=220)
     console.print(
         f"[bold]turn_profile[/] {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, "
