@@ -87,7 +87,10 @@ def bridge(
         raise NotBridgeable(NOT_AN_APPEND.format(role=role))
     generation = generation_ids(context, vocabulary, appended.last)
     if not route.new_messages:
-        return _turn(route, context, BridgedPrompt((), generation), None, False, drops_reasoning)
+        prompt = BridgedPrompt((), generation)
+        return _turn(
+            route, context, prompt, prompt_ids(route, prompt), None, False, drops_reasoning
+        )
 
     scaffold = ""
     if route.previous_generated is not None:
@@ -100,14 +103,14 @@ def bridge(
     head = [Segment(LossReason.TEMPLATE_SCAFFOLD, scaffold_ids)] if scaffold_ids else []
     prompt = BridgedPrompt((*head, *message_segments), generation)
 
+    sent = prompt_ids(route, prompt)
     if check:
         new_ids = [i for s in message_segments for i in s.ids] + generation
-        sent = prompt_ids(route, prompt)
         new_text = appended.body + appended.generation
         mismatch = check_bridge(route, context, vocabulary, scaffold_ids, new_ids, sent, new_text)
     else:
         mismatch = check_reply(route, context, vocabulary, scaffold, appended.names)
-    return _turn(route, context, prompt, mismatch, check, drops_reasoning)
+    return _turn(route, context, prompt, sent, mismatch, check, drops_reasoning)
 
 
 class PromptTooLong(Exception):
@@ -197,6 +200,7 @@ def _turn(
     route: Route,
     context: TemplateContext,
     prompt: BridgedPrompt,
+    ids: array[int],
     mismatch: Mismatch | None,
     checked: bool,
     drops_reasoning: bool,
@@ -208,7 +212,7 @@ def _turn(
         )
         if kept is not None:
             notes[OUTPUT_KEPT] = kept
-    return BridgedTurn(prompt, prompt_ids(route, prompt), notes, mismatch, checked)
+    return BridgedTurn(prompt, ids, notes, mismatch, checked)
 
 
 def _reasoning_kept(route: Route, context: TemplateContext) -> str | None:
