@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import socket
 from array import array
@@ -23,6 +24,7 @@ from protocol_adapters._engine import (
     SGLangConfig,
     SGLangEngine,
 )
+from protocol_adapters._engine.coalesce import MAX_JOINED_TOKENS
 from protocol_adapters._engine.ids_json import STRIDE
 from protocol_adapters._types import AdapterError, ErrorKind
 from protocol_adapters.testing import EngineDouble, Faults, Malformation, ScriptedReply
@@ -152,14 +154,67 @@ async def test_stream_yields_only_new_tokens_whatever_the_server_mode(
     ids, logprobs = expected(double)
     assert [t for c in chunks for t in c.output_ids] == ids
     assert [lp for c in chunks for lp in c.output_logprobs] == logprobs
-    assert all(0 < len(c.output_ids) <= per_chunk for c in chunks)
+    assert all(c.output_ids for c in chunks)  # events a read held together may be joined
     assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1].finish_reason is FinishReason.STOP
     assert [c.completion_tokens for c in chunks][-1] == len(ids)
     assert double.requests[0].stream is True
     assert double.aborts == []
     cumulative_warnings = [r for r in caplog.records if "cumulatively" in r.getMessage()]
-    assert len(cumulative_warnings) == (0 if incremental or len(chunks) == 1 else 1)
+    events = -(-len(ids) // per_chunk)
+    assert len(cumulative_warnings) == (0 if incremental or events == 1 else 1)
+
+
+async def test_events_one_read_holds_are_joined_into_few_chunks(tokenizer: Any) -> None:
+    """An engine that ran ahead of the reader (the whole stream in one write): the tokens come
+    out joined, exactly and in order, at most MAX_JOINED_TOKENS to a chunk."""
+    long_reply = ScriptedReply(text="word " * 300)
+    async with (
+        EngineDouble(
+            tokenizer,
+            [long_reply],
+            logprob=logprob,
+            incremental_streaming=True,
+            chunks_per_write=10_000,
+        ) as double,
+        engine_for(double.url) as engine,
+    ):
+        chunks = await collect(engine, request(max_new_tokens=1000))
+    ids, logprobs = expected(double, long_reply)
+    assert [t for c in chunks for t in c.output_ids] == ids
+    assert [lp for c in chunks for lp in c.output_logprobs] == logprobs
+    assert len(chunks) < len(ids) // 10
+    assert all(0 < len(c.output_ids) <= MAX_JOINED_TOKENS for c in chunks)
+    assert [c.completion_tokens for c in chunks] == list(
+        itertools.accumulate(len(c.output_ids) for c in chunks)
+    )
+    assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].finish_reason is FinishReason.STOP
+    assert double.aborts == []
+
+
+async def test_a_bad_event_after_good_ones_in_one_read_keeps_the_good_ones(
+    tokenizer: Any,
+) -> None:
+    """The chunks before a malformed event of the same read are handed on before the error, as
+    when each event came in a read of its own: the turn records what the engine did produce."""
+    async with (
+        EngineDouble(
+            tokenizer,
+            [REPLY],
+            logprob=logprob,
+            incremental_streaming=True,
+            chunks_per_write=10_000,
+            faults=Faults(malformed=Malformation.ROUTING_NEGATIVE),
+        ) as double,
+        engine_for(double.url) as engine,
+    ):
+        req = request(routed=RoutingAsk(2, 3, 2))
+        chunks, error = await collect_until_error(engine, req)
+    ids, _ = expected(double)
+    assert [t for c in chunks for t in c.output_ids] == ids[:-1]
+    assert MALFORMED_DETAIL[Malformation.ROUTING_NEGATIVE] in error.message
+    assert double.aborts == [req.rid]
 
 
 async def test_max_new_tokens_ends_with_length(double: EngineDouble) -> None:

@@ -37,6 +37,7 @@ import aiohttp
 from protocol_adapters._server.body import STEP_CHARS, loads_in_steps
 from protocol_adapters._types import AdapterError, ErrorKind
 
+from .coalesce import coalesced
 from .config import SGLangConfig
 from .connect import ConnectDeadline, connect_trace
 from .ids_json import IdsJson, encode
@@ -185,16 +186,26 @@ class SGLangEngine:
                         events = parser.feed(data) if data else parser.close()
                     except ValueError as exc:
                         raise malformed(request.rid, f"stream is not UTF-8 text: {exc}") from None
+                    read: list[GenerateChunk] = []
+                    failure: AdapterError | None = None
                     for event in events:
                         if event.strip() == "[DONE]":
                             done = True
                             break
-                        if len(event) > _OFF_LOOP_CHARS:
-                            chunk = await asyncio.to_thread(_chunk, decoder, event, request.rid)
-                        else:
-                            chunk = _chunk(decoder, event, request.rid)
-                        call.over = decoder.finished
+                        try:
+                            if len(event) > _OFF_LOOP_CHARS:
+                                chunk = await asyncio.to_thread(_chunk, decoder, event, request.rid)
+                            else:
+                                chunk = _chunk(decoder, event, request.rid)
+                        except AdapterError as exc:
+                            failure = exc  # after the read's good chunks: they are recorded
+                            break
+                        read.append(chunk)
+                    for chunk in coalesced(read):
+                        call.over = chunk.finish_reason is not None
                         yield chunk
+                    if failure is not None:
+                        raise failure
                     if not data:
                         break
                 if not decoder.finished:

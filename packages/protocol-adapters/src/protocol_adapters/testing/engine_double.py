@@ -209,6 +209,7 @@ class EngineDouble:
         faults: Faults | None = None,
         incremental_streaming: bool = False,
         tokens_per_chunk: int = 1,
+        chunks_per_write: int = 1,
         context_length: int = 32768,
         weight_version: str | None = "default",
         model_path: str = "engine-double/qwen3",
@@ -219,8 +220,8 @@ class EngineDouble:
         routing_as_list: bool = False,
         capture_routing: bool = True,
     ) -> None:
-        if tokens_per_chunk < 1:
-            raise ValueError("tokens_per_chunk must be >= 1")
+        if tokens_per_chunk < 1 or chunks_per_write < 1:
+            raise ValueError("tokens_per_chunk and chunks_per_write must be >= 1")
         if min(routed_layers, routed_topk, num_experts) < 1:
             raise ValueError("routed_layers, routed_topk and num_experts must be >= 1")
         self.encoder = Qwen3ReplyEncoder(tokenizer)
@@ -230,6 +231,9 @@ class EngineDouble:
         self.faults = faults or Faults()
         self.incremental_streaming = incremental_streaming
         self.tokens_per_chunk = tokens_per_chunk
+        self.chunks_per_write = chunks_per_write
+        """Stream events written to the socket at once: more than one is an engine that ran ahead
+        of a busy reader, whose reads then hold many events."""
         self.context_length = context_length
         self.report_context_length = report_context_length
         """Whether ``/server_info`` names ``context_length`` (SGLang reports ``null`` there
@@ -584,6 +588,7 @@ class EngineDouble:
         aborted = await self._stalled(gen.rid, _first_delay(faults))
         sent = 0
         chunks = 0
+        unwritten = bytearray()
         while True:
             if chunks and not aborted:
                 aborted = await self._stalled(gen.rid, faults.chunk_delay)
@@ -599,18 +604,25 @@ class EngineDouble:
             how = faults.malformed
             hits = last if how in ROUTING_MALFORMATIONS else chunks == 0
             data = _chunk_bytes(chunk, how if hits else None)
-            await response.write(b"data: " + data + b"\n\n")
+            unwritten += b"data: " + data + b"\n\n"
             sent = end
             chunks += 1
+            dropping = faults.drop_after_chunks is not None and chunks >= faults.drop_after_chunks
+            if last or dropping or chunks % self.chunks_per_write == 0:
+                if last and not dropping and self.chunks_per_write > 1:
+                    unwritten += b"data: [DONE]\n\n"  # in the same write as the last event
+                await response.write(bytes(unwritten))
+                unwritten.clear()
             async with self._progress:
                 self.sent_tokens[gen.rid] = sent
                 self._progress.notify_all()
-            if faults.drop_after_chunks is not None and chunks >= faults.drop_after_chunks:
+            if dropping:
                 _drop(request)
                 return response
             if last:
                 break
-        await response.write(b"data: [DONE]\n\n")
+        if self.chunks_per_write == 1:
+            await response.write(b"data: [DONE]\n\n")
         if faults.linger_after_done > 0:
             await asyncio.sleep(faults.linger_after_done)
         await response.write_eof()
