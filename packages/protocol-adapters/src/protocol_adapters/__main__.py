@@ -3,12 +3,16 @@
 
     protocol-adapters serve --engine-url http://gpu-node:30000 --checkpoint /ckpt/Qwen3-8B \\
         --port 8400 --admin-token-file /run/secrets/adapter-admin --admin-port 8401
+    protocol-adapters serve ... --processes 4 --port 8410 --admin-port 8401  # ports 8410-8413
     protocol-adapters check-template /ckpt/Qwen3-8B          # or a .jinja file
 
 Sessions are opened and closed over ``/admin/sessions`` on the admin port, with the admin token
-(see ``_server/admin.py``); the agent-facing port has no session API. The context length is the
-engine's unless ``--context-tokens`` sets a smaller one. The chat template is audited at start
-and refused unless the bridge serves it exactly or ``--template-mode`` says how to serve it.
+(see ``_server/admin.py``); the agent-facing port has no session API. With ``--processes N``,
+N complete adapters run in processes of their own behind that one admin API, which answers
+each opened session with the ``base_url`` of the one serving it (``_fleet/``). The context
+length is the engine's unless ``--context-tokens`` sets a smaller one. The chat template is
+audited at start and refused unless the bridge serves it exactly or ``--template-mode`` says
+how to serve it.
 Everything here maps flags onto typed configuration; nothing reads the environment.
 """
 
@@ -16,9 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
+import importlib
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -32,6 +42,17 @@ from protocol_adapters._checkpoint import (
     load_checkpoint,
 )
 from protocol_adapters._engine import SGLangConfig, SGLangEngine
+from protocol_adapters._fleet import (
+    Failed,
+    FleetConfig,
+    FleetError,
+    Serving,
+    WorkerPlan,
+    WorkerTarget,
+    die_with_parent,
+    serve_fleet,
+    watch_parent,
+)
 from protocol_adapters._parsing import ParserConfig, ToolCallFormat
 from protocol_adapters._server.config import (
     AdapterConfig,
@@ -79,7 +100,17 @@ def _parser() -> argparse.ArgumentParser:
         help="longest gap in seconds between two streamed chunks of a generation",
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8400)
+    serve.add_argument(
+        "--port", type=int, default=8400, help="with --processes N: worker i on port + i"
+    )
+    serve.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N adapter processes behind one admin API (needs --admin-token-file); sessions "
+        "are pinned to one by their id, the open answer gives its base_url",
+    )
     vocab = serve.add_mutually_exclusive_group(required=True)
     vocab.add_argument(
         "--checkpoint",
@@ -211,16 +242,12 @@ def _renderer(args: argparse.Namespace) -> tuple[Vocabulary, Renderer]:
     return vocabulary, Renderer(vocabulary, template, config)
 
 
-async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
-    vocabulary, renderer = await asyncio.to_thread(_renderer, args)
-    admin = (
-        AdminConfig(args.admin_token_file.read_text().strip(), args.admin_host, args.admin_port)
-        if args.admin_token_file
-        else None
-    )
-    config = AdapterConfig(
-        host=args.host,
-        port=args.port,
+def _adapter_config(
+    args: argparse.Namespace, admin: AdminConfig | None, host: str, port: int
+) -> AdapterConfig:
+    return AdapterConfig(
+        host=host,
+        port=port,
         models=tuple(args.model or ["policy"]),
         sampling=RolloutSampling(args.temperature, args.top_p, max_new_tokens=args.max_new_tokens),
         client_sampling_wins=args.client_sampling_wins,
@@ -228,28 +255,118 @@ async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
         admin=admin,
         routing=args.routed_experts,
     )
-    parsers = reply_parsers(ParserConfig(tool_format=ToolCallFormat(args.tool_format)))
+
+
+def _admin(args: argparse.Namespace) -> AdminConfig | None:
+    if not args.admin_token_file:
+        return None
+    return AdminConfig(args.admin_token_file.read_text().strip(), args.admin_host, args.admin_port)
+
+
+def _stop_on(*signals: signal.Signals) -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _run_adapter(
+    args: argparse.Namespace,
+    sglang: SGLangConfig,
+    config: AdapterConfig,
+    stop: asyncio.Event,
+    serving: Callable[[AdapterServer, int], None],
+) -> None:
+    """Serve one adapter until ``stop``; ``serving`` is told once it listens (with its context)."""
+    vocabulary, renderer = await asyncio.to_thread(_renderer, args)
+    parsers = reply_parsers(ParserConfig(tool_format=ToolCallFormat(args.tool_format)))
     async with (
         SGLangEngine(sglang) as engine,
         AdapterServer(config, engine, renderer, vocabulary, parsers) as server,
     ):
+        serving(server, server.sessions.resolve_context(config.limits))
+        await stop.wait()
+
+
+async def _serve(args: argparse.Namespace, sglang: SGLangConfig) -> None:
+    config = _adapter_config(args, _admin(args), args.host, args.port)
+    stop = _stop_on(signal.SIGINT, signal.SIGTERM)
+
+    def serving(server: AdapterServer, context: int) -> None:
         admin_note = (
             f"admin API on {server.admin_url}"
             if server.admin_url
             else "admin API off (no --admin-token-file)"
         )
         logging.getLogger("protocol_adapters").warning(
-            "serving on %s; %s; context %d tokens",
-            server.url,
-            admin_note,
-            server.sessions.resolve_context(config.limits),
+            "serving on %s; %s; context %d tokens", server.url, admin_note, context
         )
-        await stop.wait()
 
+    await _run_adapter(args, sglang, config, stop, serving)
+
+
+async def _serve_fleet(args: argparse.Namespace, sglang: SGLangConfig, fleet: FleetConfig) -> None:
+    # Spawned workers unpickle their entry by its module's name, and under ``python -m`` this
+    # module is ``__main__``, which spawn does not re-import: name it by its import name.
+    here = importlib.import_module("protocol_adapters.__main__")
+    target: WorkerTarget = functools.partial(here._fleet_worker, args, sglang)
+    stop = _stop_on(signal.SIGINT, signal.SIGTERM)
+    await serve_fleet(fleet, target, stop)
+
+
+def _fleet_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> FleetConfig:
+    """``--processes`` checked against the other flags (usage errors, status 2)."""
+    if not args.admin_token_file:
+        parser.error("--processes needs --admin-token-file: sessions are opened there")
+    try:
+        admin = _admin(args)
+        assert admin is not None
+        return FleetConfig(args.processes, args.host, args.port, admin)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+
+
+def _fleet_worker(
+    args: argparse.Namespace, sglang: SGLangConfig, plan: WorkerPlan, conn: Connection
+) -> None:
+    """One worker of ``--processes``: the adapter above, its admin API the fleet's internal one
+    on loopback, reporting over ``conn``. SIGINT is the ``serve`` process's to handle (a
+    terminal's Ctrl-C reaches the whole group); SIGTERM or the parent's end stops it."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker-{plan.index} %(name)s %(message)s"
+    )
+
+    async def run() -> None:
+        stop = _stop_on(signal.SIGTERM)
+        watch_parent(conn, stop.set)
+        config = _adapter_config(args, plan.admin, plan.host, plan.port)
+
+        def serving(server: AdapterServer, context: int) -> None:
+            assert server.admin_url is not None
+            conn.send(Serving(server.url, server.admin_url, context, os.getpid()))
+
+        await _run_adapter(args, sglang, config, stop, serving)
+
+    try:
+        asyncio.run(run())
+    except _START_ERRORS as exc:
+        with contextlib.suppress(OSError):  # the parent may be gone already
+            conn.send(Failed(str(exc)))
+        sys.exit(1)
+
+
+_START_ERRORS = (
+    ContextTooLarge,
+    AdapterError,
+    TemplateRefused,
+    TemplateError,
+    CheckpointError,
+    OSError,
+)
+"""What stops ``serve`` from starting, with a reason for the operator (exit status 1)."""
 
 _ADVICE = {
     Verdict.BRIDGE_EXACT: "serve it as is",
@@ -289,17 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         sglang = engine_config(args)
     except ValueError as exc:
         parser.error(str(exc))
+    fleet = None if args.processes is None else _fleet_config(args, parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        asyncio.run(_serve(args, sglang))
-    except (
-        ContextTooLarge,
-        AdapterError,
-        TemplateRefused,
-        TemplateError,
-        CheckpointError,
-        OSError,
-    ) as exc:
+        asyncio.run(_serve(args, sglang) if fleet is None else _serve_fleet(args, sglang, fleet))
+    except (*_START_ERRORS, FleetError) as exc:
         print(f"protocol-adapters: {exc}", file=sys.stderr)
         return 1
     return 0
