@@ -57,15 +57,17 @@ and so inflates Python-heavy phases against C-heavy ones (json, the tokenizer), 
 this table is for. The hooks' own cost is shown twice: hooked turns against turns without hooks
 (noisy on a shared machine), and hooked calls per turn times a calibrated cost per call.
 
-Then, per tool-result size, a table apart: tokenizing a turn's new text, the adapter against
-the Rust tokenizer. One more sibling turn (without hooks) at the session's last context, during
-which the adapter's ``Vocabulary.encode_with_offsets`` is wrapped to keep the text it is called
-with (the bridge's one call, on the new messages as the template renders them); then, in the
-adapter's process (idle: no turn in flight), on that text and with the same arguments, interleaved
-calls of (a) ``tokenizer.encode``, (b) ``tokenizer.encode_batch([text])``, (c) that and its
-``.ids`` and ``.offsets`` lists, (d) ``encode_with_offsets``, all four on one worker thread of a
-``ThreadPoolExecutor``, and (e) (d) through ``loop.run_in_executor`` to that thread, timed on the
-event loop; CPU is the process's (every thread, the tokenizer's own too). The overheads (d)-(a),
+Then, per tool-result size (and per adapter, with ``--baseline``), a table apart: tokenizing a
+turn's new text, the adapter against the Rust tokenizer. One more sibling turn (without hooks) at
+the session's last context, during which the adapter's ``Vocabulary.encode_with_starts`` (before:
+``encode_with_offsets``) and the bridge's ``segment_ids`` are wrapped to keep what they are called
+with (the bridge's one call of each: the new messages as the template renders them, their spans);
+then, in the adapter's process (idle: no turn in flight), on that text and with the same
+arguments, interleaved calls of (a) ``tokenizer.encode``, (b) ``tokenizer.encode_batch([text])``,
+(c) that and its ``.ids`` and ``.offsets`` lists, (d) the vocabulary's call, (f) ``segment_ids``
+on (d)'s result (timed alone), all on one worker thread of a ``ThreadPoolExecutor``, and (e) (d)
+through ``loop.run_in_executor`` to that thread, timed on the event loop; CPU is the process's
+(every thread, the tokenizer's own too). The overheads (d)-(a),
 (d)-(c) and (e)-(d) are medians of per-round differences with a ~95% confidence interval, judged
 against 0.2 ms (``--tokenize-calls``: calls of each, 100 by default, 50 with ``--quick``); beside
 them, the same measured directly, without the tokenizer's call-to-call spread (a millisecond at
@@ -177,7 +179,11 @@ PHASES: tuple[Phase, ...] = (
     Phase(
         "tokenize",
         "tokenizing (new messages, scaffold)",
-        (f"{PA}._tokenizer*:Vocabulary.encode", f"{PA}._tokenizer*:Vocabulary.encode_with_offsets"),
+        (
+            f"{PA}._tokenizer*:Vocabulary.encode",
+            f"{PA}._tokenizer*:Vocabulary.encode_with_starts",
+            f"{PA}._tokenizer*:Vocabulary.encode_with_offsets",
+        ),
     ),
     Phase("check", "prompt check (reply check)", (f"{PA}*:check_reply", f"{PA}*:check_bridge")),
     Phase(
@@ -281,6 +287,12 @@ GC = Phase("gc", "garbage collection (whichever phase allocated)", ())
 occasional full collection would otherwise land on one phase of one turn: 100+ ms seen)."""
 FORCE_CHECK_HOOK = f"{PA}*:Renderer._sample_check"
 """Replaced by ``lambda self: True`` for the forced-check turn."""
+ENCODE_CALLS = ("encode_with_starts", "encode_with_offsets")
+"""The ``Vocabulary`` method a bridged turn encodes its new text with, the first one the adapter
+has (ids and token starts; before, ids and offsets): the tokenizing table's (d)."""
+CUT_HOOK = f"{PA}._bridge*:segment_ids"
+"""What cuts (d)'s ids at the turn's span ends, with (d)'s second result: the tokenizing
+table's (f)."""
 SEARCHED = (PA, "trajectory_tree", "aiohttp")
 """Packages whose modules' globals (and the objects in their module-level dicts) are searched
 for references to a hooked function, so every caller reaches the wrapper."""
@@ -629,8 +641,9 @@ VARIANTS: tuple[tuple[str, str], ...] = (
     ("a", "(a) tokenizer.encode(text)"),
     ("b", "(b) tokenizer.encode_batch([text])"),
     ("c", "(c) (b) + .ids, .offsets lists"),
-    ("d", "(d) Vocabulary.encode_with_offsets(text)"),
+    ("d", "(d) Vocabulary.encode_with_starts (before: _with_offsets)(text)"),
     ("e", "(e) (d) via loop.run_in_executor"),
+    ("f", "(f) segment_ids(ids, (d)'s starts or offsets, the turn's spans)"),
     ("p", "(d) with its encode_batch calls timed"),
     ("h", "a hop of nothing (the worker answers at once)"),
     ("s", "a hop around time.sleep((d)'s CPU)"),
@@ -638,8 +651,9 @@ VARIANTS: tuple[tuple[str, str], ...] = (
 )
 """The calls compared on one text. (a)-(c): the Rust tokenizer directly (``encode``, which holds
 the GIL; ``encode_batch`` of one text, which releases it; and its ids and offsets as Python
-lists, which the getters build). (d): the adapter's ``Vocabulary.encode_with_offsets`` (pieces,
-``encode_batch`` per piece, the lists extended, the offsets shifted past the first piece). (e):
+lists, which the getters build). (d): the adapter's :data:`ENCODE_CALLS` method (pieces,
+``encode_batch`` per piece, the ids extended; its token starts read lazily from the encodings, or
+before, the offsets lists extended and shifted past the first piece). (e):
 (d) through a worker-thread hop, as the server runs it (``loop.run_in_executor`` on a started
 ``ThreadPoolExecutor``, awaited on the event loop, timed there). (a)-(d) run on that executor's
 thread, timed there: the server tokenizes on worker threads, and the Rust tokenizer is slower on
@@ -653,49 +667,65 @@ calls (timed around them: in (a)-(c) inline; in "p", a twin of (d), by a stand-i
 tokenizer that times its ``encode_batch`` calls, and the garbage collections during it too), and
 (e)'s CPU less that of the (d) inside it, as the worker timed it. Two hops for reference: "h" of
 nothing (the worker answers at once), "s" around a sleep as long as (d) (the event loop and the
-worker both block and wake, as in (e), with no work done)."""
+worker both block and wake, as in (e), with no work done). (f): the bridge's ``segment_ids`` on
+(d)'s result and the turn's spans (timed alone, after a (d)): the rest of what the turn does with
+the encoding, which reads the token starts."""
 OVERHEADS: tuple[tuple[str, str], ...] = (("d", "a"), ("d", "c"), ("e", "d"))
 """The overheads judged, CPU: (d)-(a), (d)-(c), (e)-(d)."""
 OVERHEAD_LIMIT_MS = 0.2
 WARM_UP_ROUNDS = 3
-SERIES = ("cpu", "caller", "wall", "inside", "inside_wall", "gc", "ids", "offsets")
+SERIES = ("cpu", "caller", "wall", "inside", "inside_wall", "gc", "ids", "offsets", "cut")
 """Per call, ns: the process's CPU (``time.process_time_ns``: every thread, the tokenizer's own
 included); the calling thread's CPU (0 for the hops: timed on the loop); the wall as the caller
 sees it; "inside": the process's CPU inside the tokenizer's encode calls (timed around them in
 (a)-(c) and "p"), for the hops inside the hopped call as the worker timed it ("inside_wall": its
 wall there); "p" only: "gc", the thread's CPU in garbage collections, "ids" and "offsets", the
-process's CPU in those getters (the collections they set off included). 0 where not taken."""
+process's CPU in those getters (the collections they set off included); "f" only: "cut", the
+process's CPU in ``segment_ids``. 0 where not taken."""
 
 
 class Capture:
-    """The calls of the adapter's ``Vocabulary.encode_with_offsets`` while installed: in a bridged
-    turn, exactly one, on the new messages' text (the bridge's ``appended.body``, through
-    ``encode_within``). Installed with the hooks off, on the class (so the renderer's instance,
-    on whichever worker thread, is seen); removed by putting back what was there."""
+    """The calls of the adapter's :data:`ENCODE_CALLS` method and of :data:`CUT_HOOK` while
+    installed: in a bridged turn, exactly one of each, on the new messages' text (the bridge's
+    ``appended.body``, through ``encode_within``) and its spans. Installed with the hooks off, the
+    method on the class (so the renderer's instance, on whichever worker thread, is seen), the
+    function at every reference to it; removed by putting back what was there."""
 
     def __init__(self, vocabulary: Any) -> None:
         self.owner = type(vocabulary)
+        self.name = next((n for n in ENCODE_CALLS if n in vars(self.owner)), None)
         self.calls: list[dict[str, Any]] = []
-        self.original: Any = None
+        self.cuts: list[Any] = []
+        self.patches: list[Patch] = []
 
     def start(self) -> None:
         self.calls.clear()
-        self.original = vars(self.owner)["encode_with_offsets"]
-        original = self.original
+        self.cuts.clear()
+        assert self.name is not None
+        encode = vars(self.owner)[self.name]
 
-        @functools.wraps(original)
+        @functools.wraps(encode)
         def captured(vocabulary: Any, text: str, **kwargs: Any) -> Any:
             thread = threading.current_thread().name
             self.calls.append({"text": text, "kwargs": kwargs, "thread": thread})
-            return original(vocabulary, text, **kwargs)
+            return encode(vocabulary, text, **kwargs)
 
-        setattr(self.owner, "encode_with_offsets", captured)  # noqa: B010 (a method, replaced)
+        self.patches = [Patch(self.owner, self.name, encode, captured)]
+        for owner, attribute, cut in find(CUT_HOOK):
 
-    def stop(self) -> list[dict[str, Any]]:
-        if self.original is not None:
-            setattr(self.owner, "encode_with_offsets", self.original)  # noqa: B010
-            self.original = None
-        return list(self.calls)
+            def cut_captured(ids: Any, starts: Any, spans: Any, cut: Any = cut) -> Any:
+                self.cuts.append({"cut": cut, "spans": list(spans)})
+                return cut(ids, starts, spans)
+
+            self.patches.append(Patch(owner, attribute, cut, cut_captured))
+        for patch in self.patches:
+            patch.apply(patch.replacement)
+
+    def stop(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        for patch in reversed(self.patches):
+            patch.apply(patch.original)
+        self.patches = []
+        return list(self.calls), list(self.cuts)
 
 
 class TimedTokenizer:
@@ -767,12 +797,16 @@ def tokenizer_timed(vocabulary: Any) -> Iterator[TimedTokenizer]:
 
 
 async def tokenize_costs(
-    vocabulary: Any, text: str, kwargs: dict[str, Any], rounds: int
+    vocabulary: Any, method: str, call: dict[str, Any], cut: dict[str, Any], rounds: int
 ) -> dict[str, Any]:
-    """The :data:`VARIANTS` on ``text`` (with the adapter's call's ``kwargs``), ``rounds`` calls
-    each after :data:`WARM_UP_ROUNDS`, interleaved (one of each per round, the order rotating),
-    in this process while it is idle: :data:`SERIES` per call, by variant."""
+    """The :data:`VARIANTS` on the text of ``call`` (the adapter's ``method``'s call, with
+    its ``kwargs``; ``cut``: the ``segment_ids`` call on its result), ``rounds`` calls each after
+    :data:`WARM_UP_ROUNDS`, interleaved (one of each per round, the order rotating), in this
+    process while it is idle: :data:`SERIES` per call, by variant."""
     tokenizer = vocabulary.tokenizer
+    text, kwargs = call["text"], call["kwargs"]
+    encode = getattr(vocabulary, method)
+    segment_ids, spans = cut["cut"], cut["spans"]
 
     def direct() -> dict[str, int]:
         began = time.process_time_ns()
@@ -797,9 +831,18 @@ async def tokenize_costs(
         return {"inside": inside}
 
     def adapter() -> dict[str, int]:
-        ids, offsets = vocabulary.encode_with_offsets(text, **kwargs)
-        del ids, offsets
+        ids, starts = encode(text, **kwargs)
+        del ids, starts
         return {}
+
+    def adapter_cut() -> dict[str, int]:
+        ids, starts = encode(text, **kwargs)
+        began = time.process_time_ns()
+        segments = segment_ids(ids, starts, spans)
+        del segments
+        spent = time.process_time_ns() - began
+        del ids, starts
+        return {"cut": spent}
 
     collecting = [0, 0]  # the thread's CPU in collections so far; when the current one began
 
@@ -836,7 +879,7 @@ async def tokenize_costs(
         return {"cpu": cpu, "caller": thread, "wall": wall, **(inside or {})}
 
     with tokenizer_timed(vocabulary) as counting:
-        ids, _ = vocabulary.encode_with_offsets(text, **kwargs)
+        ids, _ = encode(text, **kwargs)
     (whole,) = tokenizer.encode_batch([text], add_special_tokens=False)
     if list(ids) != list(whole.ids):
         raise RuntimeError("the vocabulary's ids differ from the tokenizer's on the same text")
@@ -845,6 +888,7 @@ async def tokenize_costs(
         "b": batch,
         "c": lists,
         "d": adapter,
+        "f": adapter_cut,
         "p": adapter_timed,
     }
     keys = [key for key, _ in VARIANTS]
@@ -886,6 +930,8 @@ async def tokenize_costs(
         "chars": len(text),
         "tokens": len(ids),
         "pieces": counting.batches,
+        "spans": len(spans),
+        "method": method,
         "kwargs": kwargs,
         "sleep_ms": took / 1e6,
         **samples,
@@ -986,18 +1032,22 @@ def serve_adapter(engine_url: str, cache_dir: str) -> None:
                     stats.sort_stats("tottime").print_stats(int(command["top"]))
                     return {"text": out.getvalue()}
                 if cmd == "capture":  # before a turn without hooks
-                    if "encode_with_offsets" not in vars(type(vocabulary)):
-                        return {"error": "this adapter's Vocabulary has no encode_with_offsets"}
+                    if capture.name is None:
+                        return {"error": f"this adapter's Vocabulary has none of {ENCODE_CALLS}"}
                     probe.hooks.set(False)
                     capture.start()
                     return {"ok": True}
                 if cmd == "tokenize":  # after it: the text it encoded, measured
-                    calls = capture.stop()
-                    if len(calls) != 1:
-                        return {"error": f"{len(calls)} encode_with_offsets calls in the turn"}
-                    (call,) = calls
+                    calls, cuts = capture.stop()
+                    if len(calls) != 1 or len(cuts) != 1:
+                        return {
+                            "error": f"{len(calls)} {capture.name} and {len(cuts)} segment_ids "
+                            "calls in the turn"
+                        }
+                    (call,), (cut,) = calls, cuts
+                    assert capture.name is not None
                     costs = tokenize_costs(
-                        vocabulary, call["text"], call["kwargs"], int(command["rounds"])
+                        vocabulary, capture.name, call, cut, int(command["rounds"])
                     )
                     answer = asyncio.run_coroutine_threadsafe(costs, loop).result()
                     return {**answer, "thread": call["thread"]}
@@ -1647,6 +1697,7 @@ def comparison_markdown(header: list[str], lines: list[list[str]]) -> str:
 class Tokenized:
     """The :data:`VARIANTS` measured on the new text of one turn (the adapter's answer)."""
 
+    adapter: str
     tool_kb: int
     context: int
     answer: dict[str, Any]
@@ -1655,23 +1706,24 @@ class Tokenized:
 
 
 async def tokenize_point(
-    session: Session, lane: Lane, rounds: int, console: Console
+    session: Session, lane: Lane, result: str, rounds: int, console: Console
 ) -> Tokenized | None:
-    """One more sibling turn at the session's last context (without hooks), the text its
-    ``encode_with_offsets`` call encoded captured in the adapter; then the :data:`VARIANTS` on
-    that text, measured in the adapter's process (idle meanwhile: no turn in flight)."""
+    """One more sibling turn at the session's last context (without hooks, tool result
+    ``result``), the text its :data:`ENCODE_CALLS` call encoded and its spans captured in the
+    adapter; then the :data:`VARIANTS` on that text, measured in the adapter's process (idle
+    meanwhile: no turn in flight)."""
     started = await asyncio.to_thread(lane.adapter.ask, cmd="capture")
     if "error" in started:
         console.print(f"[yellow]  tokenizing not measured: {started['error']}[/]")
         return None
-    measured, _ = await measured_turn(session, lane, session.tool_result(), hooks=False)
+    measured, _ = await measured_turn(session, lane, result, hooks=False)
     load = os.getloadavg()[0]
     answer = await asyncio.to_thread(lane.adapter.ask, cmd="tokenize", rounds=rounds)
     problems = list(measured.problems)
     if "error" in answer:
         problems.append(f"tokenizing not measured: {answer['error']}")
     kb = session.tool_bytes // 1024
-    return Tokenized(kb, session.context, answer, load, problems)
+    return Tokenized(lane.name, kb, session.context, answer, load, problems)
 
 
 def median_ci(values: Sequence[float]) -> tuple[float, float, float]:
@@ -1721,9 +1773,20 @@ def outside_diff(answer: dict[str, Any], minuend: str, subtrahend: str) -> list[
     return [x - y for x, y in zip(first, second, strict=True)]
 
 
+def cut_ms(answer: dict[str, Any]) -> list[float]:
+    """Per call of (f), its ``segment_ids`` CPU, ms."""
+    return [spent / 1e6 for spent in answer["cut"]["f"]]
+
+
+def own_ms(answer: dict[str, Any]) -> list[float]:
+    """Per round, (d)-(a) outside the encode calls plus (f): all the adapter does around the
+    Rust call to get a turn's segments, ms."""
+    return [d + f for d, f in zip(outside_diff(answer, "d", "a"), cut_ms(answer), strict=True)]
+
+
 def direct_overheads(answer: dict[str, Any]) -> list[tuple[str, tuple[float, float, float]]]:
     """The judged overheads, measured directly: (d)-(a) and (d)-(c) outside the tokenizer's
-    encode calls, and (e)-(d) as (e)'s CPU less that of the (d) inside it."""
+    encode calls, (e)-(d) as (e)'s CPU less that of the (d) inside it, and (d)-(a)+(f)."""
     found = []
     for minuend, subtrahend in OVERHEADS:
         if minuend == "d":
@@ -1731,6 +1794,7 @@ def direct_overheads(answer: dict[str, Any]) -> list[tuple[str, tuple[float, flo
         else:
             values = outside_ms(answer, "e")
         found.append((f"({minuend})-({subtrahend})", median_ci(values)))
+    found.append(("(d)-(a)+(f)", median_ci(own_ms(answer))))
     return found
 
 
@@ -1787,6 +1851,11 @@ def tokenize_rows(points: Sequence[Tokenized]) -> list[tuple[str, list[str]]]:
         ("direct, outside the encode calls: (d)-(c), CPU", direct("d", "c")),
         ("direct, outside the encode calls: (c)-(b), the lists, CPU", direct("c", "b")),
         ("direct, outside the encode calls: (b)-(a), CPU", direct("b", "a")),
+        (f"{labels['f']}: CPU", lambda a: with_ci(median_ci(cut_ms(a)), "")),
+        (
+            "direct: (d)-(a) + (f), the adapter's own around the Rust call, CPU",
+            lambda a: with_ci(median_ci(own_ms(a))),
+        ),
         ("(d): in its .ids getter, CPU", median("p", "ids")),
         ("(d): in its .offsets getter (collections included), CPU", median("p", "offsets")),
         ("(d): in garbage collections, CPU, median / mean", gc_cell),
@@ -1803,14 +1872,22 @@ def tokenize_rows(points: Sequence[Tokenized]) -> list[tuple[str, list[str]]]:
 
 def tokenize_headers(points: Sequence[Tokenized]) -> list[str]:
     kept = [p for p in points if "error" not in p.answer]
-    return ["ms per call (median)", *(f"{p.tool_kb} KB tool result" for p in kept)]
+    lanes = {p.adapter for p in kept}
+    return [
+        "ms per call (median)",
+        *(
+            f"{p.tool_kb} KB tool result" + (f", {p.adapter}" if len(lanes) > 1 else "")
+            for p in kept
+        ),
+    ]
 
 
 def tokenize_table(points: Sequence[Tokenized]) -> Table:
     rounds = min((len(p.answer["cpu"]["a"]) for p in points if "cpu" in p.answer), default=0)
     table = Table(
         title=(
-            "Tokenizing a turn's new text (the text of the bridge's encode_with_offsets call, "
+            "Tokenizing a turn's new text (the text of the bridge's encode_with_starts call, "
+            "before encode_with_offsets, and its spans, "
             f"captured in the adapter): median of {rounds} calls each, interleaved, in the idle "
             "adapter process; CPU: the process's (every thread); (a)-(d) on the worker thread "
             "(e) hops to; overheads: medians of per-round differences [~95% CI]"
@@ -1839,8 +1916,9 @@ def tokenize_notes(points: Sequence[Tokenized]) -> list[str]:
             continue
         arguments = ", ".join(f"{k}={v:,}" for k, v in answer["kwargs"].items()) or "no limit"
         notes.append(
-            f"{p.tool_kb} KB results (at {short(p.context)} ctx): the turn's encode_with_offsets "
-            f"ran on thread {answer['thread']!r} ({arguments}); measured at load average "
+            f"{p.tool_kb} KB results, {p.adapter} (at {short(p.context)} ctx): the turn's "
+            f"{answer['method']} ran on thread {answer['thread']!r} ({arguments}), its "
+            f"segment_ids cut at {answer['spans']} span ends; measured at load average "
             f"{p.load_average:.2f}"
         )
     return notes
@@ -1944,9 +2022,13 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
                             points.append(point)
                     current = lanes[-1]
                     if args.tokenize_calls:
-                        found = await tokenize_point(session, current, args.tokenize_calls, console)
-                        if found is not None:
-                            tokenized.append(found)
+                        result = session.tool_result()
+                        for lane in lanes:
+                            found = await tokenize_point(
+                                session, lane, result, args.tokenize_calls, console
+                            )
+                            if found is not None:
+                                tokenized.append(found)
                     for _ in range(args.cprofile):  # at the last context, kept out of the table
                         result = session.tool_result()
                         await measured_turn(session, current, result, hooks=False, cprofile=True)

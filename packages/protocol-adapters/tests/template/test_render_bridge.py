@@ -48,6 +48,7 @@ from protocol_adapters._template.context import (
 )
 from protocol_adapters._template.messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
+from protocol_adapters._tokenizer.vocabulary import TokenStarts
 from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import (
     BridgedPrompt,
@@ -783,15 +784,15 @@ def test_new_messages_are_the_render_between_the_base_and_the_generation_prompt(
 def test_ids_are_cut_where_the_spans_end_and_none_is_lost() -> None:
     """Tokens "ab", "c", "de": a span no token starts in gets no segment, and the last span
     takes every id left, even one that starts past its end."""
-    ids, offsets = [1, 2, 3], [(0, 2), (2, 3), (3, 5)]
+    ids, starts = [1, 2, 3], [0, 2, 3]
     context, tool = LossReason.CONTEXT, LossReason.TOOL_OUTPUT
     scaffold = LossReason.TEMPLATE_SCAFFOLD
-    assert segment_ids(ids, offsets, [(1, context), (2, tool), (3, scaffold), (5, context)]) == [
+    assert segment_ids(ids, starts, [(1, context), (2, tool), (3, scaffold), (5, context)]) == [
         Segment(context, [1]),
         Segment(scaffold, [2]),
         Segment(context, [3]),
     ]
-    assert segment_ids(ids, offsets, [(1, context), (3, scaffold)]) == [
+    assert segment_ids(ids, starts, [(1, context), (3, scaffold)]) == [
         Segment(context, [1]),
         Segment(scaffold, [2, 3]),
     ]
@@ -862,7 +863,7 @@ class Work:
 def work(monkeypatch: pytest.MonkeyPatch) -> Work:
     seen = Work()
     render_raw = ChatTemplate.render_raw
-    encode, encode_with_offsets = Vocabulary.encode, Vocabulary.encode_with_offsets
+    encode, encode_with_starts = Vocabulary.encode, Vocabulary.encode_with_starts
 
     def rendered(self: ChatTemplate, messages: Sequence[Any], *args: Any, **kwargs: Any) -> str:
         seen.renders.append([str(m["content"]) for m in messages])
@@ -872,15 +873,15 @@ def work(monkeypatch: pytest.MonkeyPatch) -> Work:
         seen.encoded.append(text)
         return encode(self, text, **kwargs)
 
-    def encoded_with_offsets(
+    def encoded_with_starts(
         self: Vocabulary, text: str, **kwargs: Any
-    ) -> tuple[list[int], list[tuple[int, int]]]:
+    ) -> tuple[list[int], TokenStarts]:
         seen.encoded.append(text)
-        return encode_with_offsets(self, text, **kwargs)
+        return encode_with_starts(self, text, **kwargs)
 
     monkeypatch.setattr(ChatTemplate, "render_raw", rendered)
     monkeypatch.setattr(Vocabulary, "encode", encoded)
-    monkeypatch.setattr(Vocabulary, "encode_with_offsets", encoded_with_offsets)
+    monkeypatch.setattr(Vocabulary, "encode_with_starts", encoded_with_starts)
     return seen
 
 

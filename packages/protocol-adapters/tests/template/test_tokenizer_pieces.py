@@ -1,9 +1,12 @@
-"""Encoding long text in pieces: the same ids and offsets as one encode, bounded memory, and an
-early stop once a limit is passed (a 20 MB request is refused after the limit, not at its end)."""
+"""Encoding long text in pieces: the same ids and token starts as one encode, bounded memory, and an
+early stop once a limit is passed (a 20 MB request is refused after the limit, not at its end).
+And the bridge's cuts at span ends, read lazily from the pieces' encodings, exactly as from a
+list of every token's offsets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -11,9 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
+from protocol_adapters._bridge.bridge import segment_ids
 from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
 from protocol_adapters._tokenizer import pieces as pieces_module
 from protocol_adapters._tokenizer import vocabulary as vocabulary_module
+from trajectory_tree import LossReason, Segment
 
 SMALL = Path(__file__).parent.parent / "fixtures" / "small_tokenizer.json"
 
@@ -46,13 +51,27 @@ ATOMS = [
     "<tool_call>",
     "_",
     "ab12cd",
+    "<|im_start|>",
+    "<|im_start|>user\n",
+    "a\u0301\u0316",  # NFC reorders the marks, then composes: characters no token covers
+    "\u0316\u0301",
+    "    ",
+    "\n\n\n",
+    "\t\t \n",
 ]
 TEXTS = st.lists(st.sampled_from(ATOMS), max_size=400).map("".join)
 
 
-def one_encode(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+def one_encode(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[int]]:
+    """Ids and token starts of ``text`` encoded in one call, with no pieces."""
     (encoding,) = vocabulary.tokenizer.encode_batch([text], add_special_tokens=False)
-    return list(encoding.ids), list(encoding.offsets)
+    return list(encoding.ids), [begin for begin, _ in encoding.offsets]
+
+
+def encoded(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[int]]:
+    """Ids and token starts as the vocabulary encodes ``text`` (in pieces), as plain lists."""
+    ids, starts = vocabulary.encode_with_starts(text)
+    return ids, list(starts)
 
 
 @pytest.fixture
@@ -70,8 +89,8 @@ ONE_PATCH = [HealthCheck.function_scoped_fixture]
 def test_pieces_encode_exactly_as_the_whole_text(
     qwen_vocabulary: Vocabulary, small_pieces: None, text: str
 ) -> None:
-    ids, offsets = qwen_vocabulary.encode_with_offsets(text)
-    assert (ids, offsets) == one_encode(qwen_vocabulary, text)
+    ids, starts = encoded(qwen_vocabulary, text)
+    assert (ids, starts) == one_encode(qwen_vocabulary, text)
     assert qwen_vocabulary.encode(text) == ids
     assert qwen_vocabulary.count(text) == len(ids)
 
@@ -81,13 +100,13 @@ def test_pieces_encode_exactly_as_the_whole_text(
 def test_pieces_of_any_text_encode_exactly(
     qwen_vocabulary: Vocabulary, small_pieces: None, text: str
 ) -> None:
-    assert qwen_vocabulary.encode_with_offsets(text) == one_encode(qwen_vocabulary, text)
+    assert encoded(qwen_vocabulary, text) == one_encode(qwen_vocabulary, text)
 
 
 def test_the_small_fixture_tokenizer_is_cut_too(small_pieces: None) -> None:
     small = Vocabulary.from_file(SMALL)
     text = "def f(x):\n    return x + 12  # done\n" * 50
-    assert small.encode_with_offsets(text) == one_encode(small, text)
+    assert encoded(small, text) == one_encode(small, text)
 
 
 def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
@@ -99,7 +118,7 @@ def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
     # One piece past the limit, not the whole text: a lower bound, far below the truth.
     assert counted <= qwen_vocabulary.count(text[: 32768 * 4 + vocabulary_module.PIECE_CHARS])
     with pytest.raises(TooManyTokens):
-        qwen_vocabulary.encode_with_offsets(text, max_tokens=32768)
+        qwen_vocabulary.encode_with_starts(text, max_tokens=32768)
     with pytest.raises(TooManyTokens):  # a short text (one piece) is held to the limit too
         qwen_vocabulary.encode("short text that is longer than two tokens", max_tokens=2)
     assert qwen_vocabulary.encode("short", max_tokens=2) == qwen_vocabulary.encode("short")
@@ -156,7 +175,7 @@ def test_other_pre_tokenizers_get_their_own_cuts(other_vocabulary: Vocabulary) -
 def test_pieces_cut_by_another_pre_tokenizer_encode_exactly(
     other_vocabulary: Vocabulary, small_pieces: None, text: str
 ) -> None:
-    assert other_vocabulary.encode_with_offsets(text) == one_encode(other_vocabulary, text)
+    assert encoded(other_vocabulary, text) == one_encode(other_vocabulary, text)
 
 
 def test_another_pre_tokenizer_stops_early_too(other_vocabulary: Vocabulary) -> None:
@@ -182,7 +201,7 @@ def test_a_pre_tokenizer_whose_pieces_could_differ_is_encoded_whole(
     whole = Vocabulary(tokenizer, "uncut")
     assert whole._cut is None
     text = "x \n\nfoo bar 12\n" * 20
-    assert whole.encode_with_offsets(text) == one_encode(whole, text)
+    assert encoded(whole, text) == one_encode(whole, text)
 
 
 def test_a_cutter_that_fails_the_check_at_load_is_not_used(
@@ -220,3 +239,106 @@ def test_a_huge_word_over_the_limit_is_refused_without_encoding_it(
     assert caught.value.counted == bound
     with pytest.raises(TooManyTokens):  # after pieces that fit, the word is still refused
         qwen_vocabulary.encode("x " * 1_000 + word, max_tokens=4096)
+
+
+# -- the bridge's cuts: lazy token starts against every token's offsets ------------------------
+
+
+def offsets_as_before(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and offsets as ``Vocabulary.encode_with_offsets`` gave them (its code, kept here)."""
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    for start, encoding in vocabulary._encoded(text, None):
+        ids.extend(encoding.ids)
+        offsets.extend((begin + start, end + start) for begin, end in encoding.offsets)
+    return ids, offsets
+
+
+def segments_as_before(
+    ids: Sequence[int],
+    offsets: Sequence[tuple[int, int]],
+    spans: Sequence[tuple[int, LossReason]],
+) -> list[Segment]:
+    """``segment_ids`` as it was: a list of every token's start, bisected."""
+    starts = [begin for begin, _ in offsets]
+    segments: list[Segment] = []
+    cut = 0
+    for index, (end, reason) in enumerate(spans):
+        stop = len(ids) if index == len(spans) - 1 else bisect_left(starts, end, cut)
+        if stop > cut:
+            if segments and segments[-1].reason is reason:
+                segments[-1] = Segment(reason, [*segments[-1].ids, *ids[cut:stop]])
+            else:
+                segments.append(Segment(reason, ids[cut:stop]))
+            cut = stop
+    return segments
+
+
+REASONS = st.sampled_from(
+    [LossReason.CONTEXT, LossReason.TOOL_OUTPUT, LossReason.TEMPLATE_SCAFFOLD]
+)
+
+
+@st.composite
+def spans_of(
+    draw: st.DrawFn, length: int, near: Sequence[int] = ()
+) -> list[tuple[int, LossReason]]:
+    """Span ends anywhere in (and just past) a text of ``length``, or within a few characters
+    of ``near``; in order as the bridge's labels are, or not."""
+    position = st.integers(0, length + 2)
+    if near:
+        position |= st.sampled_from(near).flatmap(lambda at: st.integers(at - 3, at + 3))
+    ends = draw(st.lists(position, min_size=1, max_size=12))
+    if draw(st.booleans()):
+        ends.sort()
+    return [(end, draw(REASONS)) for end in ends]
+
+
+def assert_cut_as_before(
+    vocabulary: Vocabulary, text: str, spans: Sequence[tuple[int, LossReason]]
+) -> None:
+    ids, starts = vocabulary.encode_with_starts(text)
+    before_ids, offsets = offsets_as_before(vocabulary, text)
+    assert ids == before_ids
+    assert segment_ids(ids, starts, spans) == segments_as_before(ids, offsets, spans)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=TEXTS | st.text(max_size=300), data=st.data())
+def test_cuts_at_span_ends_are_as_with_every_offset(
+    qwen_vocabulary: Vocabulary, small_pieces: None, text: str, data: st.DataObject
+) -> None:
+    """Pieces of a few characters: a span end falls in any piece, at its start, or past all."""
+    assert_cut_as_before(qwen_vocabulary, text, data.draw(spans_of(len(text))))
+
+
+@settings(max_examples=15, deadline=None)
+@given(unit=TEXTS.filter(bool), data=st.data())
+def test_cuts_in_text_of_real_pieces_are_as_with_every_offset(
+    qwen_vocabulary: Vocabulary, unit: str, data: st.DataObject
+) -> None:
+    """Text past ``PIECE_CHARS`` (two pieces of the real size: lines that start with a letter,
+    so the text can be cut between them), span ends near the join too."""
+    line = "x" + unit + "\n"
+    text = line * (vocabulary_module.PIECE_CHARS * 3 // 2 // len(line) + 1)
+    assert qwen_vocabulary._cut is not None
+    join = qwen_vocabulary._cut(text, 0, vocabulary_module.PIECE_CHARS)
+    assert join < len(text)
+    assert_cut_as_before(qwen_vocabulary, text, data.draw(spans_of(len(text), [join])))
+
+
+def test_token_starts_read_as_a_sequence(qwen_vocabulary: Vocabulary, small_pieces: None) -> None:
+    text = "def f(x):\n    return x  # é e\u0301 猫 \U0001f600<|im_end|>\n" * 3
+    ids, starts = qwen_vocabulary.encode_with_starts(text)
+    expected = [begin for begin, _ in offsets_as_before(qwen_vocabulary, text)[1]]
+    assert len(starts) == len(ids) == len(expected)
+    assert list(starts) == expected
+    assert starts[-1] == expected[-1]
+    assert starts[3:9] == expected[3:9]
+    assert starts[::-5] == expected[::-5]
+    with pytest.raises(IndexError):
+        starts[len(expected)]
+    with pytest.raises(IndexError):
+        starts[-len(expected) - 1]
+    empty_ids, empty = qwen_vocabulary.encode_with_starts("")
+    assert (empty_ids, list(empty)) == ([], [])

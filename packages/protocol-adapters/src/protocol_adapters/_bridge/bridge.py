@@ -98,8 +98,8 @@ def bridge(
         scaffold = closing_scaffold(context.assistant_tail(), output, vocabulary)
     scaffold_ids = vocabulary.encode(scaffold)
     around = route.prefix_length + len(scaffold_ids) + len(generation)
-    ids, offsets = encode_within(vocabulary, appended.body, max_tokens, around)
-    message_segments = segment_ids(ids, offsets, appended.labels)
+    ids, starts = encode_within(vocabulary, appended.body, max_tokens, around)
+    message_segments = segment_ids(ids, starts, appended.labels)
     head = [Segment(LossReason.TEMPLATE_SCAFFOLD, scaffold_ids)] if scaffold_ids else []
     prompt = BridgedPrompt((*head, *message_segments), generation)
 
@@ -124,15 +124,17 @@ class PromptTooLong(Exception):
 
 def encode_within(
     vocabulary: Vocabulary, text: str, max_tokens: int | None, around: int
-) -> tuple[list[int], list[tuple[int, int]]]:
-    """Ids and offsets of ``text``, whose prompt holds ``around`` more tokens; raises
-    :class:`PromptTooLong` as soon as the whole is known to pass ``max_tokens``."""
+) -> tuple[list[int], Sequence[int]]:
+    """Ids of ``text`` and where each id's token begins in it (read lazily: see
+    :class:`~protocol_adapters._tokenizer.vocabulary.TokenStarts`), whose prompt holds
+    ``around`` more tokens; raises :class:`PromptTooLong` as soon as the whole is known to pass
+    ``max_tokens``."""
     if max_tokens is None:
-        return vocabulary.encode_with_offsets(text)
+        return vocabulary.encode_with_starts(text)
     if around > max_tokens:
         raise PromptTooLong(around)
     try:
-        return vocabulary.encode_with_offsets(text, max_tokens=max_tokens - around)
+        return vocabulary.encode_with_starts(text, max_tokens=max_tokens - around)
     except TooManyTokens as exc:
         raise PromptTooLong(around + exc.counted) from None
 
@@ -155,13 +157,13 @@ def closing_scaffold(tail: str, output_ids: Sequence[int], vocabulary: Vocabular
 
 def segment_ids(
     ids: Sequence[int],
-    offsets: Sequence[tuple[int, int]],
+    starts: Sequence[int],
     spans: Sequence[tuple[int, LossReason]],
 ) -> list[Segment]:
-    """Cut the ids of a text (encoded once, with each id's character span) where the spans end
-    (a token belongs to the span its first character is in); neighbouring cuts with the same
-    reason are merged."""
-    starts = [begin for begin, _ in offsets]
+    """Cut the ids of a text (encoded once; ``starts``: the character each id's token begins at)
+    where the spans end (a token belongs to the span its first character is in); neighbouring
+    cuts with the same reason are merged. Only the bisects read ``starts``: a few reads per span
+    end, so a lazy sequence costs that, not a value per token."""
     segments: list[Segment] = []
     cut = 0
     for index, (end, reason) in enumerate(spans):
