@@ -124,6 +124,17 @@ def test_a_limit_stops_encoding_early(qwen_vocabulary: Vocabulary) -> None:
     assert qwen_vocabulary.encode("short", max_tokens=2) == qwen_vocabulary.encode("short")
 
 
+def test_a_rest_a_little_past_a_piece_is_not_cut(qwen_vocabulary: Vocabulary) -> None:
+    """A tail of a few characters would cost a second encode call for nothing: a rest up to an
+    eighth past ``PIECE_CHARS`` is one piece; past that it is cut."""
+    size = vocabulary_module.PIECE_CHARS
+    line = "x = 1\n"
+    whole = line * ((size + size // 8) // len(line))
+    assert len(whole) > size
+    assert len(list(qwen_vocabulary._encoded(whole, None))) == 1
+    assert len(list(qwen_vocabulary._encoded(whole + line * 10, None))) == 2
+
+
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"

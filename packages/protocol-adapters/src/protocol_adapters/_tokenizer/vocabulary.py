@@ -33,7 +33,10 @@ from .pieces import cutter_for
 from .special_tokens import END_OF_TEXT, END_OF_TURN
 
 PIECE_CHARS = 32_768
-"""Target size of one counted piece (a piece runs to the first cut after it)."""
+"""Target size of one counted piece (a piece runs to the first cut after it). A rest of text at
+most an eighth longer is not cut: a tail of a few characters would cost a second encode call,
+and more than its own tokens (a 32,798-character tool result was cut 30 characters short of its
+end)."""
 
 NORMALIZED_SHRINK = 4
 """How far normalizing can shrink text, in UTF-8 bytes, at the most: NFC composes at most three
@@ -203,7 +206,7 @@ class Vocabulary:
                 if bound > max_tokens:
                     raise TooManyTokens(bound)
             end = len(text)
-            if self._cut is not None and rest > PIECE_CHARS:
+            if self._cut is not None and rest > PIECE_CHARS + PIECE_CHARS // 8:
                 end = self._cut(text, start, PIECE_CHARS)
             piece = text[start:end]
             if max_tokens is not None and len(piece) > PIECE_CHARS:
