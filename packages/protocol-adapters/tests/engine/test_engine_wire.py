@@ -331,6 +331,50 @@ def test_sse_events_survive_any_split_of_the_bytes(
     assert not parser.pending
 
 
+def reference_events(wire: str) -> list[str]:
+    """Server-sent events by the letter of the spec, a line at a time (the ``data`` field only)."""
+    events: list[str] = []
+    data: list[str] = []
+    for line in wire.replace("\r\n", "\n").replace("\r", "\n").split("\n")[:-1]:
+        if not line:
+            if data:
+                events.append("\n".join(data))
+            data = []
+            continue
+        name, colon, value = line.partition(":")
+        if name == "data":
+            data.append(value[1:] if colon and value.startswith(" ") else value)
+    return events
+
+
+SSE_LINES = st.sampled_from(
+    ["", "", "data: x", "data:y", "data:  two spaces", "data", "data:", "database: no",
+     "data x", ": comment", "event: e", "id: 1", "retry: 5", "data: {\"a\": 1}", "data: é"]
+)  # fmt: skip
+
+
+@given(
+    st.lists(SSE_LINES, max_size=25),
+    st.sampled_from(["\n", "\r\n", "\r"]),
+    st.lists(st.integers(1, 40), max_size=20),
+)
+def test_sse_fields_of_every_kind_parse_as_the_spec_says_under_any_split(
+    lines: list[str], newline: str, sizes: list[int]
+) -> None:
+    """Each read may take the LF-only fast path or the general one (a read starting mid-line,
+    or holding a CR); both give the spec's events."""
+    wire = "".join(line + newline for line in lines) + newline
+    raw = wire.encode()
+    parser = SSEParser()
+    events: list[str] = []
+    at = 0
+    for size in [*sizes, len(raw)]:
+        events += parser.feed(raw[at : at + size])
+        at += size
+    events += parser.close()
+    assert events == reference_events(wire)
+
+
 def test_sse_joins_multi_line_data_and_skips_other_fields() -> None:
     parser = SSEParser()
     assert parser.feed(b"event: x\nid: 3\ndata: a\ndata:b\n\n") == ["a\nb"]
