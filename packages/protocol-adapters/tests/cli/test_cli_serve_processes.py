@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import anthropic
+import pytest
 from serve_process import serve_command
 
 from protocol_adapters._fleet import worker_for
@@ -322,24 +323,20 @@ async def test_workers_exit_when_serve_is_killed(
         assert await gone(pids) == []
 
 
-def test_processes_need_the_admin_api() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "protocol_adapters",
-            "serve",
-            "--engine-url",
-            "http://x",
-            "--qwen3-cache",
-            "/nonexistent",
-            "--processes",
-            "2",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--processes", "2"], "--processes needs --admin-token-file"),
+        (["--processes", "2", "--admin-token-file", "{token}"], "admin port 8401 is one of"),
+        (["--processes", "0", "--admin-token-file", "{token}"], "processes must be >= 1"),
+    ],
+)
+def test_processes_are_refused_with_flags_that_cannot_serve(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    token = token_file(tmp_path)
+    command = [sys.executable, "-m", "protocol_adapters", "serve", "--engine-url", "http://x"]
+    command += ["--qwen3-cache", str(tmp_path), *(f.format(token=token) for f in flags)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--processes needs --admin-token-file" in done.stderr
+    assert message in done.stderr
