@@ -296,6 +296,8 @@ async def test_a_killed_worker_is_restarted_and_serve_stops_every_process(
         await one_turn(kept["base_url"], kept["token"])
         # A new session for the restarted worker waits for it and works.
         fresh = await open_session(http, admin_url, on_1[1])
+        # serve's log may reach this test after the front answered: wait for the new worker's line
+        await running.wait_for(re.compile(rf"worker 1 \(pid (?!{victim.pid}\))\d+\) serving"))
         assert running.workers[1].pid != victim.pid
         assert fresh["base_url"] == running.workers[1].url
         await one_turn(fresh["base_url"], fresh["token"])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import hdrs, web
 
-from protocol_adapters._server.admin import TREE_JSON_BYTES, Handler, _authorized, _error
+from protocol_adapters._server.admin import TREE_JSON_BYTES, Handler, authorized, error_answer
 
 from .pinning import worker_for
 from .supervisor import Running, Slot
@@ -78,23 +78,25 @@ def create_front_app(
 
     @web.middleware
     async def admin_only(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not _authorized(request, token):
-            return _error(401, "admin token required")
+        if not authorized(request, token):
+            return error_answer(401, "admin token required")
         try:
             return await handler(request)
         except aiohttp.ClientError as exc:  # a worker died mid-call
-            return _error(502, f"the adapter process did not answer: {type(exc).__name__}")
+            return error_answer(502, f"the adapter process did not answer: {type(exc).__name__}")
         except web.HTTPException as exc:
-            return _error(exc.status, exc.reason)
+            return error_answer(exc.status, exc.reason)
         except Exception as exc:
             log.exception("unexpected error handling %s %s", request.method, request.path)
-            return _error(500, f"internal error: {type(exc).__name__}")
+            return error_answer(500, f"internal error: {type(exc).__name__}")
 
     async def open_session(request: web.Request) -> web.StreamResponse:
         index, body = _pin(await request.read(), len(slots))
         running = await slots[index].ready(OPEN_WAIT)
         if running is None:
-            return _error(503, f"adapter process {index} is restarting; open the session again")
+            return error_answer(
+                503, f"adapter process {index} is restarting; open the session again"
+            )
         url = f"{running.serving.admin_url}/admin/sessions"
         headers = {**internal, hdrs.CONTENT_TYPE: "application/json"}
         async with http.post(url, data=body, headers=headers) as upstream:
@@ -112,12 +114,12 @@ def create_front_app(
         session_token = request.match_info["token"]
         pinned = sessions.get(session_token)
         if pinned is None:
-            return _error(404, "no open session with this token")
+            return error_answer(404, "no open session with this token")
         running = owner(pinned)
         if running is None:
             if request.method == hdrs.METH_DELETE:
                 del sessions[session_token]
-            return _error(
+            return error_answer(
                 410,
                 f"the adapter process holding this session (worker {pinned.index}) exited: "
                 "the session and its turns are lost",
@@ -129,7 +131,7 @@ def create_front_app(
             return await _relay(upstream, request)
 
     async def not_found(request: web.Request) -> web.StreamResponse:
-        return _error(404, f"no route for {request.method} {request.path}")
+        return error_answer(404, f"no route for {request.method} {request.path}")
 
     app = web.Application(middlewares=[admin_only])
     app.router.add_post("/admin/sessions", open_session)

@@ -41,14 +41,16 @@ StopSession = Callable[[Session], Awaitable[None]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _authorized(request: web.Request, token: str) -> bool:
+def authorized(request: web.Request, token: str) -> bool:
+    """Whether ``request`` carries ``token`` as its bearer token (compared in constant time)."""
     scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
         offered.strip().encode("utf-8", "surrogateescape"), token.encode()
     )
 
 
-def _error(status: int, message: str) -> web.Response:
+def error_answer(status: int, message: str) -> web.Response:
+    """The admin API's error shape (the fleet's front answers in it too)."""
     return web.json_response({"error": {"message": message}}, status=status)
 
 
@@ -86,28 +88,28 @@ def create_admin_app(
 
     @web.middleware
     async def admin_only(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not _authorized(request, config.token):
-            return _error(401, "admin token required")
+        if not authorized(request, config.token):
+            return error_answer(401, "admin token required")
         try:
             return await handler(request)
         except web.HTTPException as exc:
-            return _error(exc.status, exc.reason)
+            return error_answer(exc.status, exc.reason)
         except Exception as exc:  # the service stays up; the caller gets a JSON error
             log.exception("unexpected error handling %s %s", request.method, request.path)
-            return _error(500, f"internal error: {type(exc).__name__}")
+            return error_answer(500, f"internal error: {type(exc).__name__}")
 
     async def open_session(request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
-            return _error(400, "body must be JSON")
+            return error_answer(400, "body must be JSON")
         if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object")
+            return error_answer(400, "body must be a JSON object")
         session_id = body.get("session_id", "")
         if not isinstance(session_id, str):
-            return _error(400, "session_id must be a string")
+            return error_answer(400, "session_id must be a string")
         if (problem := text_problem(session_id)) is not None:
-            return _error(400, f"session_id {problem}")
+            return error_answer(400, f"session_id {problem}")
         try:
             max_turns = _limit(body, "max_turns", defaults.max_turns)
             if max_turns is None:
@@ -115,7 +117,7 @@ def create_admin_app(
             context = _limit(body, "context_tokens", defaults.context_tokens)
             session = sessions.open(session_id, limits=SessionLimits(max_turns, context))
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error_answer(400, str(exc))
         return web.json_response({"token": session.token, "session_id": session.tree.session_id})
 
     def open_one(request: web.Request) -> Session | None:
@@ -127,21 +129,21 @@ def create_admin_app(
     async def get_tree(request: web.Request) -> web.StreamResponse:
         session = open_one(request)
         if session is None:
-            return _error(404, "no open session with this token")
+            return error_answer(404, "no open session with this token")
         try:
             with_routing = _with_routing(request)
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error_answer(400, str(exc))
         return await _tree_answer(session, with_routing)
 
     async def close_session(request: web.Request) -> web.StreamResponse:
         session = open_one(request)
         if session is None:
-            return _error(404, "no open session with this token")
+            return error_answer(404, "no open session with this token")
         try:
             with_routing = _with_routing(request)
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error_answer(400, str(exc))
         await stop(session)
         # Serialized first: a failure here keeps the session open.
         answer = await _tree_answer(session, with_routing)
@@ -149,7 +151,7 @@ def create_admin_app(
         return answer
 
     async def not_found(request: web.Request) -> web.StreamResponse:
-        return _error(404, f"no route for {request.method} {request.path}")
+        return error_answer(404, f"no route for {request.method} {request.path}")
 
     app = web.Application(middlewares=[admin_only])
     app.router.add_post("/admin/sessions", open_session)
