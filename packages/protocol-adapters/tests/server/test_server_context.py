@@ -193,6 +193,10 @@ class CountingTokenizer:
         self.characters += sum(map(len, texts))
         return self._inner.encode_batch(texts, **kwargs)
 
+    def encode_batch_fast(self, texts: list[str], **kwargs: Any) -> Any:
+        self.characters += sum(map(len, texts))
+        return self._inner.encode_batch_fast(texts, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

@@ -1,21 +1,24 @@
 """Encoding long text in pieces: the same ids and token starts as one encode, bounded memory, and an
 early stop once a limit is passed (a 20 MB request is refused after the limit, not at its end).
-And the bridge's cuts at span ends, read lazily from the pieces' encodings, exactly as from a
-list of every token's offsets."""
+And the bridge's cuts at span ends, read lazily from the pieces' encodings or found from the
+tokens' byte lengths, exactly as from a list of every token's offsets."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tokenizers import Regex, Tokenizer, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers, processors
 
 from protocol_adapters._bridge.bridge import segment_ids
 from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
 from protocol_adapters._tokenizer import pieces as pieces_module
+from protocol_adapters._tokenizer import token_starts as token_starts_module
 from protocol_adapters._tokenizer import vocabulary as vocabulary_module
 from trajectory_tree import LossReason
 
@@ -255,10 +258,11 @@ def test_a_huge_word_over_the_limit_is_refused_without_encoding_it(
 
 
 def offsets_as_before(vocabulary: Vocabulary, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Ids and offsets as ``Vocabulary.encode_with_offsets`` gave them (its code, kept here)."""
+    """Ids and offsets as ``Vocabulary.encode_with_offsets`` gave them (its code, kept here):
+    every piece encoded with offsets."""
     ids: list[int] = []
     offsets: list[tuple[int, int]] = []
-    for start, encoding in vocabulary._encoded(text, None):
+    for start, _, encoding, _ in vocabulary._encoded(text, None, lambda piece: False):
         ids.extend(encoding.ids)
         offsets.extend((begin + start, end + start) for begin, end in encoding.offsets)
     return ids, offsets
@@ -310,14 +314,20 @@ def test_cuts_at_span_ends_are_as_with_every_offset(
 def test_cuts_in_text_of_real_pieces_are_as_with_every_offset(
     qwen_vocabulary: Vocabulary, unit: str, data: st.DataObject
 ) -> None:
-    """Text past ``PIECE_CHARS`` (two pieces of the real size: lines that start with a letter,
-    so the text can be cut between them), span ends near the join too."""
+    """Text past ``PIECE_CHARS`` (two pieces of the real size), span ends near the join too."""
+    text, join = real_pieces(qwen_vocabulary, unit)
+    assert_cut_as_before(qwen_vocabulary, text, data.draw(spans_of(len(text), [join])))
+
+
+def real_pieces(vocabulary: Vocabulary, unit: str) -> tuple[str, int]:
+    """Lines of ``unit`` that start with a letter (so the text can be cut between them) past
+    ``PIECE_CHARS``, and where the first piece ends."""
     line = "x" + unit + "\n"
     text = line * (vocabulary_module.PIECE_CHARS * 3 // 2 // len(line) + 1)
-    assert qwen_vocabulary._cut is not None
-    join = qwen_vocabulary._cut(text, 0, vocabulary_module.PIECE_CHARS)
+    assert vocabulary._cut is not None
+    join = vocabulary._cut(text, 0, vocabulary_module.PIECE_CHARS)
     assert join < len(text)
-    assert_cut_as_before(qwen_vocabulary, text, data.draw(spans_of(len(text), [join])))
+    return text, join
 
 
 def test_token_starts_read_as_a_sequence(qwen_vocabulary: Vocabulary, small_pieces: None) -> None:
@@ -335,3 +345,213 @@ def test_token_starts_read_as_a_sequence(qwen_vocabulary: Vocabulary, small_piec
         starts[-len(expected) - 1]
     empty_ids, empty = qwen_vocabulary.encode_with_starts("")
     assert (empty_ids, list(empty)) == ([], [])
+
+
+# -- token starts from byte lengths, against the offsets ----------------------------------------
+
+
+class CountingTokenizer:
+    """A real tokenizer that counts its calls of ``encode_batch`` (with offsets) and
+    ``encode_batch_fast`` (without)."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self._inner = inner
+        self.with_offsets = 0
+        self.without = 0
+
+    def encode_batch(self, texts: list[str], **kwargs: Any) -> Any:
+        self.with_offsets += 1
+        return self._inner.encode_batch(texts, **kwargs)
+
+    def encode_batch_fast(self, texts: list[str], **kwargs: Any) -> Any:
+        self.without += 1
+        return self._inner.encode_batch_fast(texts, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def counted(tokenizer: Tokenizer, name: str = "counted") -> tuple[Vocabulary, CountingTokenizer]:
+    """A vocabulary over ``tokenizer`` whose encode calls are counted, its checks at load done."""
+    counting = CountingTokenizer(tokenizer)
+    vocabulary = Vocabulary(counting, name)  # type: ignore[arg-type]
+    vocabulary._byte_lengths()
+    counting.with_offsets = counting.without = 0
+    return vocabulary, counting
+
+
+@pytest.fixture(scope="module")
+def counted_qwen(qwen_vocabulary: Vocabulary) -> tuple[Vocabulary, CountingTokenizer]:
+    return counted(qwen_vocabulary.tokenizer, "qwen3")
+
+
+# Beside ATOMS: what NFC changes (Hangul jamo that compose, a singleton, marks out of order),
+# and NFC text a token may begin inside a character of (letters with marks, rare emoji).
+STARTS_ATOMS = [
+    *ATOMS,
+    "\u1100\u1161",  # L + V jamo: NFC makes one syllable
+    "\uac00\u11a8",  # LV syllable + T jamo: the same
+    "\u1100",
+    "\u11a8",
+    "\u212b",  # the angstrom sign: NFC makes it Å
+    "x\u0301\u0316",  # NFC reorders the marks only: the same length
+    "ἀἁἂ",
+    "\U0001fae8",
+    "—",
+    "✓",
+    "<think>",
+    "<|endoftext|>",
+]
+STARTS_TEXTS = st.lists(st.sampled_from(STARTS_ATOMS), max_size=300).map("".join)
+
+
+def assert_starts_as_with_offsets(
+    vocabulary: Vocabulary, text: str, spans: Sequence[tuple[int, LossReason]]
+) -> None:
+    """The ids, every start, and the bridge's cuts as from ``encode_batch``'s offsets."""
+    ids, starts = vocabulary.encode_with_starts(text)
+    before_ids, offsets = offsets_as_before(vocabulary, text)
+    before = [begin for begin, _ in offsets]
+    assert ids == before_ids
+    assert list(starts) == before
+    assert segment_ids(ids, starts, spans) == segment_ids(ids, before, spans)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=ONE_PATCH)
+@given(text=STARTS_TEXTS | st.text(max_size=300), small=st.booleans(), data=st.data())
+def test_starts_from_byte_lengths_are_the_offsets_starts(
+    counted_qwen: tuple[Vocabulary, CountingTokenizer],
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    small: bool,
+    data: st.DataObject,
+) -> None:
+    """Any text, in pieces of a few characters or whole: NFC text is encoded once, without
+    offsets; text NFC changes is encoded with them (no piece encoded twice either way)."""
+    vocabulary, counting = counted_qwen
+    with monkeypatch.context() as patch:
+        if small:
+            patch.setattr(vocabulary_module, "PIECE_CHARS", 7)
+        counting.with_offsets = counting.without = 0
+        vocabulary.encode_with_starts(text)
+        calls = (counting.with_offsets, counting.without)
+        assert_starts_as_with_offsets(vocabulary, text, data.draw(spans_of(len(text))))
+    if unicodedata.is_normalized("NFC", text):
+        assert calls[0] == 0
+    if not small:
+        assert sum(calls) == 1
+
+
+@settings(max_examples=10, deadline=None)
+@given(unit=STARTS_TEXTS.filter(bool), data=st.data())
+def test_starts_from_byte_lengths_in_text_of_real_pieces(
+    qwen_vocabulary: Vocabulary, unit: str, data: st.DataObject
+) -> None:
+    """Text past ``PIECE_CHARS``, cut in pieces of the real size, span ends near the join."""
+    text, join = real_pieces(qwen_vocabulary, unit)
+    assert_starts_as_with_offsets(qwen_vocabulary, text, data.draw(spans_of(len(text), [join])))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    text=STARTS_TEXTS.filter(lambda text: unicodedata.is_normalized("NFC", text)), data=st.data()
+)
+def test_a_wrong_byte_length_is_caught_and_the_offsets_read(
+    qwen_vocabulary: Vocabulary, text: str, data: st.DataObject
+) -> None:
+    """The guard: one token's length off by any amount, and the lengths no longer add up to
+    the text's; its piece is encoded again with offsets, and every start is still right."""
+    vocabulary, counting = counted(qwen_vocabulary.tokenizer)
+    ids = vocabulary.encode(text)
+    assume(ids)
+    lengths = vocabulary._byte_lengths()
+    assert lengths is not None
+    wrong = data.draw(st.sampled_from(ids))
+    lengths._lengths[wrong] += data.draw(st.integers(-3, 3).filter(bool))
+    counting.with_offsets = 0
+    assert_starts_as_with_offsets(vocabulary, text, [(len(text), LossReason.CONTEXT)])
+    assert counting.with_offsets == 2  # the guard's encode, then offsets_as_before's
+
+
+def test_an_added_token_that_strips_spaces_is_caught(qwen_vocabulary: Vocabulary) -> None:
+    """Such a token covers more of the text than its content: the lengths fall short."""
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    tokenizer.add_tokens([AddedToken("<mark>", lstrip=True, rstrip=True)])
+    vocabulary, counting = counted(tokenizer)
+    assert vocabulary._byte_lengths() is not None
+    text = "def f():   <mark>  return 1\n"
+    assert_starts_as_with_offsets(vocabulary, text, [(len(text), LossReason.CONTEXT)])
+    assert (counting.with_offsets, counting.without) == (2, 1)
+    assert_starts_as_with_offsets(vocabulary, "x = 1\n", [(6, LossReason.CONTEXT)])
+    assert (counting.with_offsets, counting.without) == (3, 2)  # no mark: no second encode
+
+
+def test_the_fixture_tokenizer_is_byte_level_too(small_pieces: None) -> None:
+    vocabulary, counting = counted(Tokenizer.from_file(str(SMALL)))
+    assert vocabulary._byte_lengths() is not None
+    text = "def f(x):\n    return x + 12  # é 猫 \U0001f600 done\n" * 20
+    assert_starts_as_with_offsets(vocabulary, text, [(len(text) // 2, LossReason.CONTEXT)])
+    assert counting.with_offsets == counting.without  # offsets_as_before's encodes only
+
+
+def not_byte_level(qwen_vocabulary: Vocabulary, step: str) -> Tokenizer:
+    """Qwen3's tokenizer with one step that could add, drop or move text, or trim offsets."""
+    tokenizer = Tokenizer.from_str(qwen_vocabulary.tokenizer.to_str())
+    if step == "lowercase":
+        tokenizer.normalizer = normalizers.Lowercase()
+    elif step == "nfkc":
+        tokenizer.normalizer = normalizers.NFKC()
+    elif step == "prefix space":
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    elif step == "metaspace":
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    elif step == "removed":
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(r"\s+"), behavior="removed"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    elif step == "no byte level":
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    elif step == "trimmed offsets":
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "lowercase",
+        "nfkc",
+        "prefix space",
+        "metaspace",
+        "removed",
+        "no byte level",
+        "trimmed offsets",
+    ],
+)
+def test_a_pipeline_that_may_change_text_reads_the_offsets(
+    qwen_vocabulary: Vocabulary, step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused by the pipeline's description, before the sample at load is tried."""
+    tokenizer = not_byte_level(qwen_vocabulary, step)
+    with monkeypatch.context() as patch:
+        patch.setattr(token_starts_module, "_agrees", lambda tokenizer, lengths: True)
+        assert token_starts_module.byte_lengths_for(tokenizer) is None
+    vocabulary, counting = counted(tokenizer)
+    assert vocabulary._byte_lengths() is None
+    text = "def F(x):\n    return  x + 12  # é 猫 done\n" * 3
+    assert_starts_as_with_offsets(vocabulary, text, [(len(text) // 2, LossReason.CONTEXT)])
+    assert counting.without == 0
+
+
+def test_lengths_the_sample_at_load_contradicts_are_not_used(
+    qwen_vocabulary: Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check at load stands behind the pipeline's description: starts that differ from the
+    offsets' (here: byte starts taken for character starts) turn the lengths off."""
+    monkeypatch.setattr(
+        token_starts_module.Utf8Starts, "_at", lambda self, index: self._starts[index]
+    )
+    assert token_starts_module.byte_lengths_for(qwen_vocabulary.tokenizer) is None
