@@ -308,6 +308,17 @@ def test_nothing_may_follow_the_finish() -> None:
 # -- SSE framing -----------------------------------------------------------------------------------
 
 
+def fed_in_reads(parser: SSEParser, raw: bytes, sizes: list[int]) -> list[str]:
+    """The events ``parser`` gives for ``raw`` arriving in reads of ``sizes`` bytes (the rest in
+    one last read), then its end of stream."""
+    events: list[str] = []
+    at = 0
+    for size in [*sizes, len(raw)]:
+        events += parser.feed(raw[at : at + size])
+        at += size
+    return events + parser.close()
+
+
 @given(
     st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=30), max_size=6),
     st.sampled_from(["\n", "\r\n", "\r"]),
@@ -319,15 +330,8 @@ def test_sse_events_survive_any_split_of_the_bytes(
     payloads = [p.replace("\r", "").replace("\n", "") for p in payloads]
     wire = "".join(f": keep-alive{newline}data: {p}{newline}{newline}" for p in payloads)
     wire += "data: [DONE]" + newline + newline
-    raw = wire.encode()
     parser = SSEParser()
-    events: list[str] = []
-    at = 0
-    for size in [*sizes, len(raw)]:
-        events += parser.feed(raw[at : at + size])
-        at += size
-    events += parser.close()
-    assert events == [*payloads, "[DONE]"]
+    assert fed_in_reads(parser, wire.encode(), sizes) == [*payloads, "[DONE]"]
     assert not parser.pending
 
 
@@ -364,15 +368,7 @@ def test_sse_fields_of_every_kind_parse_as_the_spec_says_under_any_split(
     """Each read may take the LF-only fast path or the general one (a read starting mid-line,
     or holding a CR); both give the spec's events."""
     wire = "".join(line + newline for line in lines) + newline
-    raw = wire.encode()
-    parser = SSEParser()
-    events: list[str] = []
-    at = 0
-    for size in [*sizes, len(raw)]:
-        events += parser.feed(raw[at : at + size])
-        at += size
-    events += parser.close()
-    assert events == reference_events(wire)
+    assert fed_in_reads(SSEParser(), wire.encode(), sizes) == reference_events(wire)
 
 
 def test_sse_joins_multi_line_data_and_skips_other_fields() -> None:
