@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from machine_load import slowdown
 from server_checks import assert_engine_tokens_trained
 from server_clients import DIALECTS, PATHS, Dialect, SdkClient, minimal_body
 
@@ -56,8 +57,9 @@ async def read_until_text_then_disconnect(url: str, token: str, body: bytes, mar
 
 
 async def eventually(condition: object, what: str, seconds: float = 3.0) -> None:
+    """Waits for ``condition()`` for ``seconds`` of an idle machine (longer on a busy one)."""
     assert callable(condition)
-    async with asyncio.timeout(seconds):
+    async with asyncio.timeout(seconds * slowdown()):
         while not condition():
             await asyncio.sleep(0.01)
     assert condition(), what

@@ -13,10 +13,14 @@ CPU on a busy machine: that is the scheduler's doing, not ours. So each callback
 (the loop thread's) is measured too, and its wait for a CPU (the kernel's run delay): a callback
 is ours to fix when it *used* 200 ms, or 50 ms at a place where another one did too, or when
 more than two did (less the hypervisor's steal time in their window, which a guest counts as the
-running thread's CPU), or when it was blocked for a second otherwise (a worker thread holding
-the GIL that long), less the time the process's other threads themselves waited for a CPU
-meanwhile (a thread holding the GIL hands it back only once it runs again). Blocks of a few
-hundred ms still happen on a loaded 2-core VM (the hypervisor's steal time, samples 5 ms apart).
+running thread's CPU, and in an idle machine's CPU time: a busy host stretches a thread's CPU
+time too, so CPU over 50 ms is divided by how much it stretches reference work right then, see
+``machine_load``), or when it was blocked for a second otherwise (a worker thread holding the GIL
+that long), less the time the process's other threads themselves waited for a CPU meanwhile (a
+thread holding the GIL hands it back only once it runs again). Blocks of a few hundred ms
+still happen on a loaded 2-core VM (the hypervisor's steal time, samples 5 ms apart): the
+second is an idle machine's, as much longer on a busy one as reference work timed before and
+after takes (two busy spinners on two cores: blocks of 0.9-1.0 s, reference work 1.5-3x).
 Garbage collections are timed apart and left out of all of it (see :func:`collections_timed`).
 """
 
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from loop_agents import Plan, plans_json
+from machine_load import slowdown
 
 from protocol_adapters._server.config import AdapterConfig, AdminConfig
 from protocol_adapters._tokenizer import Vocabulary
@@ -119,13 +124,15 @@ class Slow:
     used: float
     queued: float
     callback: str
+    cpu_slowdown: float = 1.0
     others_queued: float = 0.0
     stolen: float = 0.0
 
     @property
     def own_cpu(self) -> float:
-        """CPU the callback used, less what the hypervisor stole from the machine meanwhile."""
-        return max(0.0, self.used - self.stolen)
+        """CPU the callback used, less what the hypervisor stole from the machine meanwhile, in
+        an idle machine's CPU time (``cpu_slowdown``: measured right after, over 50 ms)."""
+        return max(0.0, self.used - self.stolen) / self.cpu_slowdown
 
     @property
     def blocked(self) -> float:
@@ -255,7 +262,8 @@ def timed_callbacks() -> Iterator[list[Slow]]:
                 if elapsed > SLOW_CALLBACK:
                     used = time.thread_time() - cpu - (collected.loop_cpu - gc_cpu)
                     waited = queued() - waited
-                    slow.append(Slow(wall, elapsed, used, waited, described(handle)))
+                    stretch = slowdown(time.thread_time) if used > SLOW_CALLBACK else 1.0
+                    slow.append(Slow(wall, elapsed, used, waited, described(handle), stretch))
 
         asyncio.events.Handle._run = run  # type: ignore[method-assign,assignment]
         try:
@@ -284,6 +292,7 @@ async def test_many_sessions_never_stall_the_loop(
             Plan(SESSIONS + i, LONG_TURNS, LONG_WORDS_PER_RESULT, LONG_AGENTS)
             for i in range(LONG_SESSIONS)
         ]
+        busy = slowdown()
         loop = asyncio.get_running_loop()
         loop.set_debug(True)
         loop.slow_callback_duration = SLOW_CALLBACK
@@ -300,6 +309,7 @@ async def test_many_sessions_never_stall_the_loop(
                 await clients.wait()
         finally:
             loop.set_debug(False)
+    stall = GROSS_STALL * max(busy, slowdown())
     assert clients.returncode == 0, "a client failed (its traceback is above)"
     slow = [
         replace(
@@ -311,12 +321,13 @@ async def test_many_sessions_never_stall_the_loop(
     ]
     by_wall = sorted(slow, key=lambda entry: -entry.wall)[:15]
     by_cpu = sorted(slow, key=lambda entry: -entry.used)[:5]
+    print(f"blocked over {stall * 1000:.0f} ms is a stall")
     for entry in by_wall + [entry for entry in by_cpu if entry not in by_wall]:
         print(
-            f"{entry.wall * 1000:7.1f} ms: used {entry.used * 1000:5.1f}, queued "
-            f"{entry.queued * 1000:5.1f}, others queued {entry.others_queued * 1000:5.1f}, "
-            f"blocked {entry.blocked * 1000:5.1f}, stolen {entry.stolen * 1000:3.0f}  "
-            f"{entry.callback}"
+            f"{entry.wall * 1000:7.1f} ms: used {entry.used * 1000:5.1f} (x{entry.cpu_slowdown:.1f}"
+            f" slower), queued {entry.queued * 1000:5.1f}, others queued "
+            f"{entry.others_queued * 1000:5.1f}, blocked {entry.blocked * 1000:5.1f}, stolen "
+            f"{entry.stolen * 1000:3.0f}  {entry.callback}"
         )
     # One step of a few thousand can still use 50 ms on a shared core, once, anywhere (preempted
     # a dozen times, its caches cold). Work of ours on the loop shows where it is each time it
@@ -325,6 +336,6 @@ async def test_many_sessions_never_stall_the_loop(
     over = [entry for entry in slow if entry.own_cpu > SLOW_CALLBACK]
     sites = Counter(entry.callback for entry in over)
     assert [entry for entry in over if entry.own_cpu > GROSS_CPU] == []
-    assert [entry for entry in slow if entry.blocked > GROSS_STALL] == []
+    assert [entry for entry in slow if entry.blocked > stall] == []
     assert [site for site, count in sites.items() if count > 1] == []
     assert len(over) <= CPU_OUTLIERS, over
