@@ -34,6 +34,7 @@ from sandbox import (
 )
 
 from .conftest import mount_for, processes_running_from, wait_until_gone
+from .machine_load import slowdown
 
 TOKEN = "sess-7f3a9c0d1e2b"
 POLICY = "policy-under-test"
@@ -156,8 +157,10 @@ async def test_a_hung_endpoint_is_killed_at_the_budget(
     assert run.timed_out
     assert run.exit_code == KILLED_EXIT_CODE
     assert not run.ok
-    assert budget <= run.duration < budget + 3
-    assert elapsed < budget + 5
+    # Killing the CLI and reading what it left take seconds at most, more on a busy machine.
+    busy = slowdown()
+    assert budget <= run.duration < budget + 3 * busy
+    assert elapsed < budget + 5 * busy
     # Nothing of the CLI is left, checked before the sandbox closes (the budget did it).
     assert await wait_until_gone(str(setup.mount.sandbox_prefix)) == []
     assert run.stats.result_text is None
