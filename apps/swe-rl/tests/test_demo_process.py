@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from .machine_load import slowdown
+
 APP = Path(__file__).resolve().parents[1]
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -134,8 +136,8 @@ def test_sigterm_finishes_what_it_can_and_exits_clean(tmp_path: Path, subreaper:
     wait_for_samples(out, child, at_least=1)
     child.send_signal(signal.SIGTERM)
     started = time.monotonic()
-    output, _ = child.communicate(timeout=30)
-    assert time.monotonic() - started < 10, output
+    output, _ = child.communicate(timeout=120)  # a hang; how quick it was is checked next
+    assert time.monotonic() - started < 10 * slowdown(), output
     assert child.returncode == 130, output
     run = json.loads((out / "run.json").read_text())
     assert run["interrupted"] is True
@@ -171,8 +173,8 @@ def test_a_hard_stop_kills_every_sandbox_and_the_next_run_sweeps(
         child.send_signal(signal.SIGTERM)
         child.send_signal(signal.SIGTERM)
     started = time.monotonic()
-    child.communicate(timeout=30)
-    assert time.monotonic() - started < 5
+    child.communicate(timeout=120)  # a hang; how quick it was is checked next
+    assert time.monotonic() - started < 5 * slowdown()
     assert orphans_alive() == {}  # every sandbox died with its owner
     sweep = (
         "import asyncio, pathlib, sys\n"
