@@ -35,6 +35,7 @@ from trajectory_tree import FinishReason, LossReason, summarize
 from .cli_runs import KILLED, WHERE, Cli, Where, generating, received, run_cli, serving
 from .cli_session import CliSession, explained
 from .long_reply_agent import COMMAND_OUTPUT, LONG_ANSWER, TASK, LongReplyAgent
+from .machine_load import slowdown
 from .session_checks import assert_each_engine_token_trained_once
 from .team_agent import TASK as TEAM_TASK
 from .team_agent import Part, TeamAgent
@@ -107,7 +108,7 @@ async def test_a_cli_killed_mid_generation_leaves_an_aborted_turn_trained_nowher
             during=kill_while_generating,
         )
         # The adapter settles the killed call on its own: the session is still open here.
-        assert await done.session.settled(5.0)
+        assert await done.session.settled(5.0 * slowdown())  # an idle machine's 5 s
         with explained(done):
             (rid,) = killed
             assert not done.session.closed
@@ -202,7 +203,7 @@ async def test_every_generation_in_flight_is_aborted_when_agents_generate_at_onc
             task=TEAM_TASK,
             during=interrupt,
         )
-        assert await done.session.settled(5.0)
+        assert await done.session.settled(5.0 * slowdown())  # an idle machine's 5 s
         with explained(done):
             assert done.run.returncode == KILLED[where]
             assert agent.problems == []
