@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from machine_load import slowdown
 from transformers import PreTrainedTokenizerFast
 
 from protocol_adapters._engine import (
@@ -416,9 +417,10 @@ async def test_request_timeout_aborts_the_generation(tokenizer: Any) -> None:
 
 
 async def test_stream_idle_timeout_aborts_the_generation(tokenizer: Any) -> None:
+    idle = 0.3 * slowdown()  # the first token comes within it, on a busy machine too
     async with (
-        EngineDouble(tokenizer, [REPLY], faults=Faults(chunk_delay=5.0)) as double,
-        engine_for(double.url, stream_idle_timeout=0.3) as engine,
+        EngineDouble(tokenizer, [REPLY], faults=Faults(chunk_delay=max(5.0, 10 * idle))) as double,
+        engine_for(double.url, stream_idle_timeout=idle) as engine,
     ):
         req = request()
         chunks, error = await collect_until_error(engine, req)

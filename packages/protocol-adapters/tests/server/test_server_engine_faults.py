@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from machine_load import slowdown
 from server_clients import (
     DIALECTS,
     PATHS,
@@ -36,9 +37,14 @@ from trajectory_tree import FinishReason
 
 
 def fast(url: str) -> SGLangConfig:
-    """Short engine deadlines, so timeouts and stalls show within a test."""
+    """Short engine deadlines, so timeouts and stalls show within a test: an idle machine's,
+    x slowdown(), as the good requests before and after a fault must fit in them too."""
+    busy = slowdown()
     return SGLangConfig(
-        base_url=url, request_timeout=0.5, stream_idle_timeout=0.5, abort_timeout=1.0
+        base_url=url,
+        request_timeout=0.5 * busy,
+        stream_idle_timeout=0.5 * busy,
+        abort_timeout=1.0 * busy,
     )
 
 
