@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol_adapters import Vocabulary
@@ -516,6 +516,7 @@ def test_model_output_cannot_end_its_script_element(
     assert f"tests/test_calc.py::test_name[{INJECTED}]" in short["tests"]
 
 
+@settings(deadline=None)
 @given(
     st.recursive(
         st.text() | st.integers() | st.floats(allow_nan=False, allow_infinity=False),

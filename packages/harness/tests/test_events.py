@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import ClaudeCode, ClaudeCodeTally, Codex, CodexTally, EventStats, summarize_lines
@@ -143,6 +143,7 @@ def test_codex_counts_each_tool_item_once_across_its_updates() -> None:
     assert (stats.main_agent_turns, stats.tool_calls, stats.result_text) == (1, 1, "b")
 
 
+@settings(deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=30))
 def test_any_bytes_summarize_without_raising(lines: list[bytes]) -> None:
     for tally in (ClaudeCodeTally(), CodexTally()):
@@ -151,6 +152,7 @@ def test_any_bytes_summarize_without_raising(lines: list[bytes]) -> None:
         assert stats.events + stats.malformed_lines == len(nonblank)
 
 
+@settings(deadline=None)
 @given(
     st.lists(
         st.recursive(

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import (
@@ -142,6 +142,7 @@ def test_codex_config_toml_is_a_custom_responses_provider() -> None:
     ]
 
 
+@settings(deadline=None)
 @given(
     model=st.text(st.characters(codec="utf-8"), min_size=1).filter(
         lambda s: s.strip() and "\0" not in s and "\n" not in s
@@ -152,6 +153,7 @@ def test_codex_config_survives_any_model_name(model: str) -> None:
     assert tomllib.loads(Codex().config_toml(endpoint))["model"] == model
 
 
+@settings(deadline=None)
 @given(window=st.integers(min_value=1024, max_value=2_000_000))
 def test_codex_compaction_headroom_holds_two_tool_outputs_and_a_summary(window: int) -> None:
     # Codex checks only the previous reply's usage: the output added before that check and
@@ -207,6 +209,7 @@ def test_endpoint_refuses_bad_token_model_and_window() -> None:
         AgentEndpoint("http://h:1", "t", "m", 0)
 
 
+@settings(deadline=None)
 @given(task=st.text(min_size=1, max_size=200).filter(lambda s: "\0" not in s))
 def test_shell_command_passes_the_task_through_verbatim(task: str) -> None:
     plan = ClaudeCode().launch(bin_path=BIN, endpoint=ENDPOINT, task=task, state_dir=STATE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol_adapters._engine import GenerateChunk
@@ -38,6 +38,7 @@ def streams(draw: st.DrawFn) -> list[GenerateChunk]:
     return chunks
 
 
+@settings(deadline=None)
 @given(streams(), st.integers(1, 12))
 def test_joined_chunks_hold_the_same_tokens_versions_and_ending(
     chunks: list[GenerateChunk], cap: int

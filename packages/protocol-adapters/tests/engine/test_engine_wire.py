@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol_adapters._engine import GenerateRequest, SamplingParams, SGLangConfig
@@ -256,6 +256,7 @@ def chunked(n: int, cuts: list[int]) -> list[int]:
     return sorted({min(c, n) for c in cuts} | {n})
 
 
+@settings(deadline=None)
 @given(tokens, st.lists(st.integers(0, 40), max_size=10), st.booleans())
 def test_stream_decoding_gives_new_tokens_in_either_server_mode(
     generated: list[tuple[int, float]], cuts: list[int], incremental: bool
@@ -319,6 +320,7 @@ def fed_in_reads(parser: SSEParser, raw: bytes, sizes: list[int]) -> list[str]:
     return events + parser.close()
 
 
+@settings(deadline=None)
 @given(
     st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=30), max_size=6),
     st.sampled_from(["\n", "\r\n", "\r"]),
@@ -357,6 +359,7 @@ SSE_LINES = st.sampled_from(
 )  # fmt: skip
 
 
+@settings(deadline=None)
 @given(
     st.lists(SSE_LINES, max_size=25),
     st.sampled_from(["\n", "\r\n", "\r"]),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from template_session import ChatSession, results
 from transformers import PreTrainedTokenizerFast
@@ -579,6 +579,7 @@ def test_an_unchecked_turn_notes_a_reply_the_client_echoed_otherwise(qwen: Vocab
     assert renderer.stats.kept_outputs == 1
 
 
+@settings(deadline=None)
 @given(text=st.text("ab", max_size=10), piece=st.text("ab", max_size=10), data=st.data())
 def test_common_prefix_at_is_the_longest_prefix_of_the_piece_found_there(
     text: str, piece: str, data: st.DataObject
