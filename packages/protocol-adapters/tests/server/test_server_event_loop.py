@@ -20,7 +20,7 @@ that long), less the time the process's other threads themselves waited for a CP
 thread holding the GIL hands it back only once it runs again). Blocks of a few hundred ms
 still happen on a loaded 2-core VM (the hypervisor's steal time, samples 5 ms apart): the
 second is an idle machine's, as much longer on a busy one as reference work timed before and
-after takes (two busy spinners on two cores: blocks of 0.9-1.0 s, reference work 1.5-3x).
+after takes (two busy spinners on two cores: blocks of 0.9-1.0 s, reference work 2-4x).
 Garbage collections are timed apart and left out of all of it (see :func:`collections_timed`).
 """
 
