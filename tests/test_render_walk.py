@@ -3,6 +3,11 @@
 Guards the prompt side's structure: the renderer hands the turn to the bridge, the bridge to the
 template context, and one turn's code stays within a few files. A refactor that spreads a turn
 over more files, or sends the reader back and forth more, fails here and must say why.
+
+The limits, and why they moved: 8 files, 16 functions opened, 40 returns until a turn's token
+starts came from the tokens' byte lengths (``_tokenizer/token_starts.py``, a module of its own
+because its soundness argument is a page): one more file, three calls into it from the
+vocabulary and one search per span end from the bridge (19-20 opened, 44-46 returns).
 """
 
 from __future__ import annotations
@@ -40,6 +45,6 @@ def test_one_bridged_turn_stays_in_the_prompt_sides_rooms(qwen_vocabulary: Vocab
         ]
         rooms = {file.split("/")[0] for file in walk.files}
         assert rooms <= {"_bridge", "_template", "_tokenizer"}, walk.files
-        assert len(walk.files) <= 8, walk.files
-        assert walk.opened <= 16, walk.opened
-        assert walk.returns <= 40, walk.returns
+        assert len(walk.files) <= 9, walk.files
+        assert walk.opened <= 21, walk.opened
+        assert walk.returns <= 50, walk.returns

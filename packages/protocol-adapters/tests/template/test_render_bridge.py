@@ -48,7 +48,7 @@ from protocol_adapters._template.context import (
 )
 from protocol_adapters._template.messages import template_messages, template_tools
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
-from protocol_adapters._tokenizer.vocabulary import TokenStarts
+from protocol_adapters._tokenizer.token_starts import TokenStarts
 from protocol_adapters._types import AdapterError, ErrorKind
 from trajectory_tree import (
     BridgedPrompt,

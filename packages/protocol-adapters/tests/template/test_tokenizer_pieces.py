@@ -6,7 +6,9 @@ tokens' byte lengths, exactly as from a list of every token's offsets."""
 from __future__ import annotations
 
 import unicodedata
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +330,32 @@ def real_pieces(vocabulary: Vocabulary, unit: str) -> tuple[str, int]:
     join = vocabulary._cut(text, 0, vocabulary_module.PIECE_CHARS)
     assert join < len(text)
     return text, join
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gaps=st.lists(st.lists(st.integers(0, 3), max_size=6), min_size=1, max_size=5),
+    position=st.integers(-1, 40),
+    lo=st.integers(0, 30),
+)
+def test_the_search_for_a_span_end_is_a_bisect(
+    gaps: list[list[int]], position: int, lo: int
+) -> None:
+    """``first_from`` searches one piece; it answers as ``bisect_left`` over every start, ``lo``
+    included (the bridge's cut never moves back, so only this test sees a ``lo`` past it)."""
+    pieces: list[tuple[int, Sequence[int]]] = []
+    at = 0
+    for piece_gaps in gaps:  # each piece's starts, relative to its first character
+        piece = list(accumulate(piece_gaps, initial=0))[:-1] if piece_gaps else []
+        pieces.append((at, piece))
+        at += (piece[-1] if piece else 0) + 1 + (piece_gaps[-1] if piece_gaps else 0)
+    starts = token_starts_module.TokenStarts(pieces)
+    every = list(starts)
+    assume(lo <= len(every))
+    expected = bisect_left(every, position, lo)
+    assert starts.first_from(position, lo) == expected
+    assert token_starts_module.first_token_from(starts, position, lo) == expected
+    assert token_starts_module.first_token_from(every, position, lo) == expected
 
 
 def test_token_starts_read_as_a_sequence(qwen_vocabulary: Vocabulary, small_pieces: None) -> None:

@@ -14,7 +14,6 @@ raises :class:`NotBridgeable` with the reason its full render is counted under.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -22,6 +21,7 @@ from protocol_adapters._template.context import Slot, TemplateContext
 from protocol_adapters._template.messages import call_names
 from protocol_adapters._template.template import TemplateError
 from protocol_adapters._tokenizer import TooManyTokens, Vocabulary
+from protocol_adapters._tokenizer.token_starts import first_token_from
 from trajectory_tree import (
     Block,
     BridgedPrompt,
@@ -126,7 +126,7 @@ def encode_within(
     vocabulary: Vocabulary, text: str, max_tokens: int | None, around: int
 ) -> tuple[list[int], Sequence[int]]:
     """Ids of ``text`` and where each id's token begins in it (read lazily: see
-    :class:`~protocol_adapters._tokenizer.vocabulary.TokenStarts`), whose prompt holds
+    :class:`~protocol_adapters._tokenizer.token_starts.TokenStarts`), whose prompt holds
     ``around`` more tokens; raises :class:`PromptTooLong` as soon as the whole is known to pass
     ``max_tokens``."""
     if max_tokens is None:
@@ -162,12 +162,12 @@ def segment_ids(
 ) -> list[Segment]:
     """Cut the ids of a text (encoded once; ``starts``: the character each id's token begins at)
     where the spans end (a token belongs to the span its first character is in); neighbouring
-    cuts with the same reason are merged. Only the bisects read ``starts``: a few reads per span
-    end, so a lazy sequence costs that, not a value per token."""
+    cuts with the same reason are merged. ``starts`` is searched once per span end, so a lazy
+    sequence costs that, not a value per token."""
     segments: list[Segment] = []
     cut = 0
     for index, (end, reason) in enumerate(spans):
-        stop = len(ids) if index == len(spans) - 1 else bisect_left(starts, end, cut)
+        stop = len(ids) if index == len(spans) - 1 else first_token_from(starts, end, cut)
         if stop > cut:
             if segments and segments[-1].reason is reason:
                 segments[-1] = Segment(reason, [*segments[-1].ids, *ids[cut:stop]])

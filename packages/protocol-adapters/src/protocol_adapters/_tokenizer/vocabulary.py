@@ -22,7 +22,6 @@ lengths where that is exact (token_starts.py), else from the piece's offsets.
 from __future__ import annotations
 
 import json
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tokenizers import Encoding, Tokenizer
 from .byte_level import byte_to_unicode
 from .pieces import cutter_for
 from .special_tokens import END_OF_TEXT, END_OF_TURN
-from .token_starts import ByteLengths, EncodingStarts, LazyStarts, byte_lengths_for
+from .token_starts import ByteLengths, EncodingStarts, TokenStarts, byte_lengths_for
 
 PIECE_CHARS = 32_768
 """Target size of one counted piece (a piece runs to the first cut after it). A rest of text at
@@ -55,33 +54,6 @@ class TooManyTokens(ValueError):
     def __init__(self, counted: int) -> None:
         super().__init__(f"at least {counted} tokens")
         self.counted = counted
-
-
-class TokenStarts(LazyStarts):
-    """The character of a text each of its tokens begins at, read from its pieces' starts one
-    token at a time. A bridged turn needs it only where its spans end (a bisect: a dozen reads
-    each); the offsets as a list cost a tuple per token (1.2 ms of a 32 KB text's 22 ms encode,
-    most of it in the gen-0 collections those tuples set off)."""
-
-    __slots__ = ("_firsts", "_length", "_pieces")
-
-    def __init__(self, pieces: Sequence[tuple[int, Sequence[int]]]) -> None:
-        """``pieces``: each piece's first character in the text and its tokens' starts in it,
-        in order."""
-        self._pieces: list[tuple[int, int, Sequence[int]]] = []  # first token, first character
-        self._firsts: list[int] = []
-        self._length = 0
-        for start, starts in pieces:
-            self._pieces.append((self._length, start, starts))
-            self._firsts.append(self._length)
-            self._length += len(starts)
-
-    def __len__(self) -> int:
-        return self._length
-
-    def _at(self, index: int) -> int:
-        first, start, starts = self._pieces[bisect_right(self._firsts, index) - 1]
-        return start + starts[index - first]
 
 
 def _always(piece: str) -> bool:
