@@ -26,6 +26,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from machine_load import slowdown
 
 from harness import ClaudeCode, InstalledCli
 from protocol_adapters import Vocabulary
@@ -35,7 +36,6 @@ from trajectory_tree import FinishReason, LossReason, summarize
 from .cli_runs import KILLED, WHERE, Cli, Where, generating, received, run_cli, serving
 from .cli_session import CliSession, explained
 from .long_reply_agent import COMMAND_OUTPUT, LONG_ANSWER, TASK, LongReplyAgent
-from .machine_load import slowdown
 from .session_checks import assert_each_engine_token_trained_once
 from .team_agent import TASK as TEAM_TASK
 from .team_agent import Part, TeamAgent

@@ -34,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / ".cache" / "ci-envs"
+# Test-support modules shared by several members' tests (``machine_load``), imported by plain
+# name: the root pytest settings put this folder on the path (``pythonpath``), mypy gets MYPYPATH.
+SHARED_TEST_SUPPORT = ROOT / "tests" / "support"
 NO_TESTS_COLLECTED = 5
 # ruff, mypy and the cross-package pytest come from the environment running this script (the
 # workspace's); each member's own tests run with its own environment's interpreter.
@@ -200,7 +203,8 @@ def undeclared_imports(member: Member, python: Path) -> list[str]:
     provided = installed_distributions(python)
     own = set(member.import_names)
     tests = member.path / "tests"
-    helpers = {p.stem for p in tests.rglob("*.py")} | {"tests"}
+    helpers = {p.stem for p in [*tests.rglob("*.py"), *SHARED_TEST_SUPPORT.glob("*.py")]}
+    helpers.add("tests")
     problems: list[str] = []
     scopes = [
         ("src", member.path / "src", member.requirements(), own),
@@ -228,7 +232,9 @@ def tests_base(member: Member) -> dict[str, str]:
 
     Tests import their helpers either relatively (``from .conftest import``: ``tests`` is a
     package under the member folder) or by plain name (``from session_kit import``: the tests
-    folder itself is on the path, put there by its conftest).
+    folder itself is on the path, put there by its conftest). The shared ones
+    (``from machine_load import``) are on the path for every member, from the root pytest
+    settings.
     """
     tests = (member.path / "tests").rglob("*.py")
     relative = any(
@@ -236,7 +242,8 @@ def tests_base(member: Member) -> dict[str, str]:
         for file in tests
         for node in ast.walk(ast.parse(file.read_text()))
     )
-    return {} if relative else {"MYPYPATH": "tests"}
+    own = [] if relative else ["tests"]
+    return {"MYPYPATH": os.pathsep.join([*own, str(SHARED_TEST_SUPPORT)])}
 
 
 @contextmanager
@@ -291,7 +298,14 @@ def check_repository() -> None:
 
 def check_cross_package(pytest_args: list[str]) -> None:
     """The root tests exercise several members at once, in the shared workspace environment."""
-    run(*TOOL, "mypy", "--strict", "--explicit-package-bases", "tests")
+    run(
+        *TOOL,
+        "mypy",
+        "--strict",
+        "--explicit-package-bases",
+        "tests",
+        env={"MYPYPATH": str(SHARED_TEST_SUPPORT)},
+    )
     # The tools too; slime-backend's bench drives episodes with that package's test kit, and
     # record_demo_session.py the root tests' CLI session (so the repository is on the path).
     benches = sorted(f"bench/{path.name}" for path in (ROOT / "tools" / "bench").glob("*.py"))

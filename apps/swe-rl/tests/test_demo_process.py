@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from .machine_load import slowdown
+from machine_load import slowdown
 
 APP = Path(__file__).resolve().parents[1]
 _PR_SET_CHILD_SUBREAPER = 36

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from machine_load import run_delay, slowdown
 
 from sandbox import GitWorkspace, LocalBackend, LocalConfig, SandboxSpec
 from swe_rl.grading import GradeResult, GradingLimits, GradingLog, Verdict, grade
@@ -37,7 +38,6 @@ from .attack_tasks import (
     git,
     make_task,
 )
-from .machine_load import run_delay, slowdown
 
 WANTED = "tests/test_mathlib.py::test_double"
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import RegistryCredentials
 from swe_rl.cli import main
@@ -45,7 +46,6 @@ from swe_rl.image_build import (
 )
 
 from .images import FIXTURES, LAYOUT_REF, debian_layout
-from .machine_load import slowdown
 
 TASK = FIXTURES / "harbor" / "calc-build"
 LAYOUT_NAME = "fixture_harbor-calc-build"  # the task's name as a directory

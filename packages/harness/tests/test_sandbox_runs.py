@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
+from machine_load import slowdown
 
 from harness import (
     AgentEndpoint,
@@ -34,7 +35,6 @@ from sandbox import (
 )
 
 from .conftest import mount_for, processes_running_from, wait_until_gone
-from .machine_load import slowdown
 
 TOKEN = "sess-7f3a9c0d1e2b"
 POLICY = "policy-under-test"

@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import (
     CapturedDiff,
@@ -38,7 +39,6 @@ from sandbox._git_diff import apply_diff
 from sandbox._local._bwrap import SANDBOX_HOME
 
 from .conftest import git
-from .machine_load import slowdown
 
 Tree = dict[bytes, tuple[str, str]]
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import (
     DirectoryWorkspace,
@@ -30,7 +31,6 @@ from sandbox._e2b_backend import E2BBackend, E2BConfig, E2BSandbox, exit_code_fr
 
 from .e2b_fake import FakeState, backend_config, serve_fake_e2b
 from .host_processes import host_pids_with, unique_sleep, wait_for_process
-from .machine_load import slowdown
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import (
     E2BBackend,
@@ -37,7 +38,6 @@ from sandbox._e2b_backend import _OutputSink
 
 from .e2b_fake import FakeState, backend_config, serve_fake_e2b
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process
-from .machine_load import slowdown
 
 
 @pytest.fixture

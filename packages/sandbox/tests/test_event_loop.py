@@ -21,9 +21,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox import ForwardedEndpoint, LocalBackend, SandboxSpec
+from machine_load import run_delay, slowdown
 
-from .machine_load import run_delay, slowdown
+from sandbox import ForwardedEndpoint, LocalBackend, SandboxSpec
 
 SLOW_CALLBACK = 0.05
 GROSS_STALL = 0.5

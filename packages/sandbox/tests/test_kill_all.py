@@ -12,6 +12,7 @@ import json
 import shlex
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import (
     KILLED_EXIT_CODE,
@@ -25,7 +26,6 @@ from sandbox import (
 from sandbox._local._bwrap import SANDBOX_HOME
 
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process
-from .machine_load import slowdown
 
 # Every process of the sandbox but the `ps` pipeline asking, as "pid args" lines.
 OTHERS = "ps -e -o pid=,args= | grep -v -e ' ps -e ' -e ' grep -v ' -e 'bash -lc ps -e '"

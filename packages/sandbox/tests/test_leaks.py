@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import ForwardedEndpoint, LocalBackend, Sandbox, SandboxSpec
 from sandbox._local import _forward
 
 from .host_processes import unique_sleep, wait_for_process
-from .machine_load import slowdown
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -148,3 +148,4 @@ async def test_closing_with_relayed_connections_open_is_quiet_and_quick(
     assert elapsed < 1.0 * slowdown()  # an idle machine's second, as long as work takes here
     noise = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert noise == []
+

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path, PurePosixPath
 
 import pytest
+from machine_load import slowdown
 
 from sandbox import (
     CheckoutError,
@@ -30,7 +31,6 @@ from sandbox import (
 
 from .conftest import git, local_config
 from .host_processes import host_pids_with, unique_sleep, until_no_process, wait_for_process
-from .machine_load import slowdown
 
 # -- commands ---------------------------------------------------------------------------------
 

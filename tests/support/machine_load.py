@@ -1,5 +1,6 @@
-"""How busy this machine is right now, measured where a test needs it (the same file in each
-package's tests: their test trees import nothing from each other).
+"""How busy this machine is right now, measured where a test needs it (every package's tests
+import this one file by plain name: the root pytest settings' ``pythonpath`` and tools/ci.py's
+``MYPYPATH`` put its folder on their path).
 
 A wall-clock limit is stated for an idle CI machine and multiplied by ``slowdown()``: other jobs
 and a busy hypervisor stretch it as they stretch the work, and a stall of several times the
