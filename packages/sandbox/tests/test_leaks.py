@@ -22,8 +22,9 @@ from machine_load import slowdown
 
 from sandbox import ForwardedEndpoint, LocalBackend, Sandbox, SandboxSpec
 from sandbox._local import _forward
+from sandbox._local._spawn import abort_boot, spawn_bwrap
 
-from .host_processes import unique_sleep, wait_for_process
+from .host_processes import host_pids_with, unique_sleep, wait_for_process
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -149,3 +150,23 @@ async def test_closing_with_relayed_connections_open_is_quiet_and_quick(
     noise = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert noise == []
 
+
+async def test_a_boot_aborted_before_init_is_known_kills_the_launchs_whole_group(
+    tmp_path: Path,
+) -> None:
+    """bwrap's child waits in bwrap's process group for bwrap to signal it, and binds its life
+    to bwrap's only after that; bwrap tells us the child's pid just before. A boot aborted in
+    between (init's pid unknown) that killed bwrap alone left the child waiting for ever: the
+    demo's interrupted run found one such ``bwrap`` alive. Played here by a launcher whose
+    child waits in its group the same way (the real window is microseconds wide)."""
+    marker = unique_sleep()
+    with child_subreaper():
+        process = await spawn_bwrap(
+            ["/bin/sh", "-c", f"sleep {marker} & exec sleep 1000"], tmp_path / "log", ()
+        )
+        await wait_for_process(marker)
+        await abort_boot(process, -1, "aborted")
+        deadline = time.monotonic() + 5 * slowdown()  # a SIGKILLed sleep is gone at once
+        while host_pids_with(marker) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert host_pids_with(marker) == []

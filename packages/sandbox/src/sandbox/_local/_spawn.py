@@ -25,17 +25,33 @@ _BWRAP_EXIT_S = 5.0
 
 async def abort_boot(process: asyncio.subprocess.Process, init_pidfd: int, name: str) -> None:
     """End a half-booted sandbox so that nothing is left unreaped: kill init first and let
-    bwrap reap it and exit (killing bwrap first would orphan init); bwrap itself only if it
-    does not go, or when init never existed."""
+    bwrap reap it and exit (killing bwrap first would orphan init); then bwrap's whole process
+    group, if bwrap does not go or init's pid is not known yet.
+
+    The group is what makes the second case safe. bwrap's child (the sandbox's init to be)
+    first waits on an eventfd for bwrap to map its ids, and only after that binds its life to
+    bwrap's (PDEATHSIG); bwrap writes its info, and so init's pid, just before it signals. A
+    bwrap killed in between left that child waiting for ever (a stray ``bwrap`` in
+    ``eventfd_read``, seen when an interrupted run cancelled boots on a busy machine). Until it
+    moves to a session of its own, which it does later still, the child is in the group we
+    started bwrap in (``start_new_session``), so the group's kill reaches it."""
     if init_pidfd >= 0:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(process.wait()), _BWRAP_EXIT_S)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
+    kill_group(process)
     await process.wait()
     logger.debug("sandbox %s: bwrap %d reaped after a failed boot", name, process.pid)
+
+
+def kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL bwrap and whatever is still in its process group (its group id is its pid: no
+    other group can hold that id while a member is left, even once bwrap is reaped)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
 
 
 def late_pidfd(info_read: int) -> int:
