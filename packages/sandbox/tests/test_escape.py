@@ -353,6 +353,14 @@ async def test_a_command_cannot_take_another_process_descriptors(box: LocalSandb
     assert result.stdout.split() == ["-1", str(errno.EPERM)], result.stderr
 
 
+async def test_a_command_holds_no_descriptor_but_its_own_three(box: LocalSandbox) -> None:
+    """Whatever bwrap hands its child beyond init's control socket (the host's end of bwrap's
+    info pipe, kept open so that bwrap outlives a killed owner) is closed by init: an
+    inheritable descriptor would reach every command."""
+    listed = await box.exec("ls /proc/$$/fd; true")  # the shell's own (not exec'd into ls)
+    assert listed.stdout.split() == ["0", "1", "2"]
+
+
 async def test_clone_with_a_namespace_flag_is_refused(box: LocalSandbox) -> None:
     clone_newuser = 0x10000000
     sigchld = 17

@@ -13,6 +13,9 @@ import ctypes
 import gc
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,6 +27,7 @@ from sandbox import ForwardedEndpoint, LocalBackend, Sandbox, SandboxSpec
 from sandbox._local import _forward
 from sandbox._local._spawn import abort_boot, spawn_bwrap
 
+from .conftest import CGROUP_PARENT
 from .host_processes import host_pids_with, unique_sleep, wait_for_process
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -170,3 +174,79 @@ async def test_a_boot_aborted_before_init_is_known_kills_the_launchs_whole_group
         while host_pids_with(marker) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert host_pids_with(marker) == []
+
+
+# Creates and closes sandboxes until it is killed.
+OWNER = """
+import asyncio, pathlib, sys
+from sandbox import LocalBackend, LocalConfig, SandboxSpec
+parent = pathlib.PurePosixPath(sys.argv[2]) if sys.argv[2] else None
+config = LocalConfig(state_root=pathlib.Path(sys.argv[1]), cgroup_parent=parent)
+async def main():
+    backend = LocalBackend(config)
+    while True:
+        box = await backend.create(SandboxSpec())
+        await box.close()
+asyncio.run(main())
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """The children of ``pid``'s main thread (the one asyncio starts processes from)."""
+    try:
+        return [
+            int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        ]
+    except OSError:
+        return []
+
+
+def _names_bwrap(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"bwrap" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
+
+
+async def _stop_a_launch_before_it_clones(owner: int, within: float) -> int:
+    """Stop (SIGSTOP) one of ``owner``'s bwrap launches while it has no child yet: before bwrap
+    clones the sandbox's init, so before it writes its info. Returns its pid."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for launch in filter(_names_bwrap, _children(owner)):
+            os.kill(launch, signal.SIGSTOP)
+            if not _children(launch):
+                return launch
+            os.kill(launch, signal.SIGCONT)  # too late: bwrap has cloned; take the next one
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"no launch of bwrap caught before its clone within {within:.0f} s")
+
+
+async def test_an_owner_killed_while_bwrap_starts_leaves_nothing(tmp_path: Path) -> None:
+    """A driver killed outright (the OOM killer, SIGKILL) while a sandbox starts: bwrap, left
+    to itself, must not strand the sandbox's init. It once did: its info write to the dead
+    owner's pipe killed it (SIGPIPE) before it let its child go, and the child waited for
+    ever, in 4 of 30 kills of an owner looping over create and close. The launch is stopped
+    before its clone, so the kill lands in that window every time."""
+    state = tmp_path / "state"
+    state.mkdir()
+    with child_subreaper():
+        owner = subprocess.Popen(
+            [sys.executable, "-c", OWNER, str(state), CGROUP_PARENT or ""],
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            launch = await _stop_a_launch_before_it_clones(owner.pid, 60 * slowdown())
+        finally:
+            owner.kill()
+            owner.wait()
+        os.kill(launch, signal.SIGCONT)
+        # The sandbox boots on its own, finds its control socket closed and ends: a few
+        # seconds on an idle machine.
+        deadline = time.monotonic() + 10 * slowdown()
+        left = our_children()
+        while time.monotonic() < deadline:
+            left = {pid: state for pid, state in our_children().items() if state != "Z"}
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert left == {}

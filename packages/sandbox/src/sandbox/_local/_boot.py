@@ -406,7 +406,12 @@ class Boot:
         log = state / "bwrap.log"
         ours = (info_read, block_write, *(handshake or ()))
         try:
-            process = await spawn_bwrap(argv, log, (*fds.all(), *inherited_by_wrapper))
+            # bwrap keeps the info pipe's read end too: were we killed first, its info write
+            # would fail and bwrap die before it lets its child go, leaving that child waiting
+            # for ever (see abort_boot); this way the sandbox boots, finds its control socket
+            # closed and ends. Init closes the copy it inherits.
+            inherited = (*fds.all(), *inherited_by_wrapper, info_read)
+            process = await spawn_bwrap(argv, log, inherited)
             logger.debug("sandbox %s: bwrap %d started", state.name, process.pid)
         except BaseException:
             control.close()

@@ -297,6 +297,11 @@ def main() -> None:
     control_fd = int(sys.argv[1])
     config = json.loads(sys.argv[2])
     os.set_inheritable(control_fd, False)
+    # Whatever else bwrap passed on (the host's end of its info pipe) is not the sandbox's:
+    # an inheritable fd would reach every command.
+    os.closerange(3, control_fd)
+    _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
+    os.closerange(control_fd + 1, 1 << 20 if most == resource.RLIM_INFINITY else most)
     # Non-dumpable: no /proc/1/{fd,mem,environ} and no ptrace for the sandbox's processes.
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
