@@ -27,6 +27,8 @@ work="$home/ci"
 rm -rf "$work"
 install -d -o "$user" "$work"
 mkdir -p "$work/packages" && cp -r packages/sandbox "$work/packages/sandbox"
+# The test helpers every member shares (the root pytest settings put them on the path).
+mkdir -p "$work/tests" && cp -r tests/support "$work/tests/support"
 rm -rf "$work/packages/sandbox/.pytest_cache"
 cp pyproject.toml "$work/pyproject.toml"
 python3 - "$work" <<'PY'
