@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import copy
 import json
+import marshal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol_adapters._dialects import anthropic, openai_chat
+from protocol_adapters._dialects import anthropic, openai_chat, parse_memo
 from protocol_adapters._dialects.parse_memo import ParseMemo
 from protocol_adapters._server.workers import INLINE_BYTES, LargeBodies, Workers
 from protocol_adapters._types import AdapterError, NeutralRequest
@@ -68,6 +70,57 @@ def test_a_resent_conversation_reuses_every_message_it_sent_before() -> None:
     kept = len(before.prompt.messages)
     reused = zip(after.prompt.messages[1:kept], before.prompt.messages[1:], strict=True)
     assert all(a is b for a, b in reused)
+
+
+def test_a_conversation_resent_whole_costs_one_marshal_not_one_per_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The usual request (every earlier message unchanged, a few new) is recognized with one
+    marshal of the whole list; only the new messages are marshalled and parsed one by one."""
+    memo = ParseMemo()
+    anthropic.parse_request(conversation(5), memo)
+    dumped: list[object] = []
+
+    def counted(value: Any, version: int) -> bytes:
+        dumped.append(value)
+        return marshal.dumps(value, version)
+
+    monkeypatch.setattr(parse_memo, "marshal", SimpleNamespace(dumps=counted))
+    body = conversation(6)
+    assert parsed_with(memo, body) == anthropic.parse_request(conversation(6))
+    new = body["messages"][len(conversation(5)["messages"]) :]
+    assert len(dumped) == 1 + len(new)
+    assert dumped[0] == body["messages"]
+    assert dumped[1:] == new
+
+
+def test_a_message_after_the_resent_ones_is_read_in_the_state_they_left() -> None:
+    """A request ending with the agent's tool call, then the next with its result: the result
+    is checked against that call although the call's message came from the memo."""
+    memo = ParseMemo()
+    first = conversation(2)
+    arguments = {"command": "ls"}
+    first["messages"].append({"role": "assistant", "content": [call("toolu_last", arguments)]})
+    anthropic.parse_request(first, memo)
+    answered = copy.deepcopy(first)
+    answered["messages"].append({"role": "user", "content": [result("toolu_last", "a\n")]})
+    assert isinstance(parsed_with(memo, answered), NeutralRequest)
+    assert memo.reused == len(first["messages"])
+    stray = copy.deepcopy(answered)
+    stray["messages"].append({"role": "assistant", "content": "Done."})
+    stray["messages"].append({"role": "user", "content": [result("toolu_last", "again\n")]})
+    refused = parsed_with(memo, stray)
+    assert isinstance(refused, AdapterError)
+    assert "unexpected `tool_use_id`" in refused.message
+
+
+def test_the_same_request_sent_again_reuses_all_of_it() -> None:
+    memo = ParseMemo()
+    body = conversation(3)
+    anthropic.parse_request(body, memo)
+    again = anthropic.parse_request(copy.deepcopy(body), memo)
+    assert memo.reused == len(body["messages"])
+    assert again == anthropic.parse_request(conversation(3))
 
 
 def test_a_value_of_another_type_or_keys_in_another_order_are_parsed_again() -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 from protocol_adapters._types import (
     ClientSampling,
@@ -110,9 +110,13 @@ def parse_request(body: object, memo: ParseMemo | None = None) -> NeutralRequest
     raw_messages = expect_list(require(root, "messages", ""), "messages")
     if not raw_messages:
         fail("messages", "must contain at least one message")
-    calls: frozenset[str] = frozenset()  # tool_use ids of the previous assistant message
     memo_pass = MemoPass(memo)
-    for i, raw in enumerate(raw_messages):
+    # The parse state: the tool_use ids of the previous assistant message.
+    prefix = memo_pass.prefix(raw_messages, frozenset())
+    messages.extend(prefix.messages)
+    calls = cast(frozenset[str], prefix.state)
+    for i in range(prefix.count, len(raw_messages)):
+        raw = raw_messages[i]
         parsed = memo_pass.message(raw, calls, _message, raw, at("messages", i), calls)
         messages.extend(parsed)
         if parsed[0].role == "assistant":
@@ -148,7 +152,7 @@ def parse_request(body: object, memo: ParseMemo | None = None) -> NeutralRequest
         stop=() if stop is None else string_list(stop, "stop_sequences"),
         json_schema=json_schema,
     )
-    memo_pass.keep()
+    memo_pass.keep(calls)
     return NeutralRequest(
         dialect=DIALECT,
         model=model,

@@ -114,11 +114,11 @@ def parse_request(body: object, memo: ParseMemo | None = None) -> NeutralRequest
     if not raw_messages:
         fail("messages", "must contain at least one message")
     memo_pass = MemoPass(memo)
-    messages = [
-        message
-        for i, raw in enumerate(raw_messages)
-        for message in memo_pass.message(raw, None, _one, raw, at("messages", i))
-    ]
+    prefix = memo_pass.prefix(raw_messages, None)
+    messages = [*prefix.messages]
+    for i in range(prefix.count, len(raw_messages)):
+        raw = raw_messages[i]
+        messages.extend(memo_pass.message(raw, None, _one, raw, at("messages", i)))
     _check_tool_messages(messages)
     for key in ("function_call", "functions", "audio"):
         if root.get(key) is not None:
