@@ -72,13 +72,8 @@ def test_a_resent_conversation_reuses_every_message_it_sent_before() -> None:
     assert all(a is b for a, b in reused)
 
 
-def test_a_conversation_resent_whole_costs_one_marshal_not_one_per_message(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The usual request (every earlier message unchanged, a few new) is recognized with one
-    marshal of the whole list; only the new messages are marshalled and parsed one by one."""
-    memo = ParseMemo()
-    anthropic.parse_request(conversation(5), memo)
+def counting_marshal(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """What the memo marshals from now on, in order."""
     dumped: list[object] = []
 
     def counted(value: Any, version: int) -> bytes:
@@ -86,12 +81,47 @@ def test_a_conversation_resent_whole_costs_one_marshal_not_one_per_message(
         return marshal.dumps(value, version)
 
     monkeypatch.setattr(parse_memo, "marshal", SimpleNamespace(dumps=counted))
+    return dumped
+
+
+def test_a_conversation_resent_whole_costs_one_marshal_not_one_per_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The usual request (every earlier message unchanged, a few new) is recognized with one
+    marshal of the whole list; only the new messages are marshalled and parsed one by one."""
+    memo = ParseMemo()
+    anthropic.parse_request(conversation(5), memo)
+    dumped = counting_marshal(monkeypatch)
     body = conversation(6)
     assert parsed_with(memo, body) == anthropic.parse_request(conversation(6))
     new = body["messages"][len(conversation(5)["messages"]) :]
     assert len(dumped) == 1 + len(new)
     assert dumped[0] == body["messages"]
     assert dumped[1:] == new
+
+
+@pytest.mark.parametrize("changed", [8, 7, 3, 1, 0])
+def test_a_request_that_changes_one_message_reuses_every_other(
+    monkeypatch: pytest.MonkeyPatch, changed: int
+) -> None:
+    """A sibling of the last request (its last message another) or an edit further back: the
+    messages before the change are found with the one marshal of the list, those after it one by
+    one at their positions; only the changed one is parsed."""
+    memo = ParseMemo()
+    body = conversation(4)
+    anthropic.parse_request(body, memo)
+    dumped = counting_marshal(monkeypatch)
+    edited = copy.deepcopy(body)
+    target = edited["messages"][changed]
+    if isinstance(target["content"], str):
+        target["content"] = "Another task."
+    elif target["role"] == "user":
+        target["content"][0]["content"] = "other output\n"
+    else:
+        target["content"][0]["input"]["command"] = "ls"
+    assert isinstance(parsed_with(memo, edited), NeutralRequest)
+    assert memo.reused == len(body["messages"]) - 1
+    assert len(dumped) == 1 + len(body["messages"]) - changed
 
 
 def test_a_message_after_the_resent_ones_is_read_in_the_state_they_left() -> None:

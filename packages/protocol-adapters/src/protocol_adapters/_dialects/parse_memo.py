@@ -8,13 +8,14 @@ kept, so ``1`` and ``true``, or the same keys in another order, never compare eq
 ``==`` on decoded JSON would confuse both) and by the parse state they were read in (for
 Anthropic, the tool calls the message before it made).
 
-The usual request re-sends every message of the previous one unchanged and adds a few: that is
-found with one ``marshal`` of the whole list and one comparison of its bytes with the previous
-request's (marshal writes a list as a short header and then each element exactly as it writes
-it alone), and the previous parse is taken whole, with no Python work per message
-(:meth:`MemoPass.prefix`). Otherwise each message is compared with the message at its position
-in the previous request, and gets that parse, the same immutable ``Message`` objects, when its
-bytes and state are the same (:meth:`MemoPass.message`). Anything else is parsed.
+The usual request re-sends every message of the previous one unchanged and adds a few (a
+retry or a sibling: all but the last): the longest run of the previous request's messages that
+this one starts with is found with one ``marshal`` of the whole list and a comparison or two of
+its bytes with the previous request's (marshal writes a list as a short header and then each
+element exactly as it writes it alone), and their parse is taken whole, with no Python work per
+message (:meth:`MemoPass.prefix`). Each later message is compared with the message at its
+position in the previous request, and gets that parse, the same immutable ``Message`` objects,
+when its bytes and state are the same (:meth:`MemoPass.message`). Anything else is parsed.
 
 Memory: the kept bytes are about as large as the messages' JSON, per session and agent (a large
 body, past the server's large-body threshold, is parsed without a memo). A request's parse is
@@ -64,6 +65,34 @@ class Prefix:
     """The parse state after them (the dialect's initial state when ``count`` is 0)."""
 
 
+def _common_run(before: _Snapshot, whole: bytes, available: int) -> int:
+    """How many of ``before``'s messages ``whole`` (a list's marshal bytes) starts with: the
+    usual answers (all of them, all but the last) first, else a binary search (equal bytes up to
+    a message's end mean equal messages up to it: marshal's elements delimit themselves)."""
+    parsed, elements = before.parsed, before.elements
+
+    def same(count: int) -> bool:
+        end = parsed[count - 1].end
+        return whole.startswith(memoryview(elements)[:end], _LIST_HEADER)
+
+    top = min(len(parsed), available)
+    if top == 0:
+        return 0
+    if same(top):
+        return top
+    low, high = 0, top - 1  # same(low) holds (0: vacuously), same(high + 1) does not
+    if high > 0 and same(high):
+        return high
+    high -= 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if same(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 class ParseMemo:
     """One session's last parsed messages (per dialect: a session speaks one)."""
 
@@ -88,20 +117,25 @@ class MemoPass:
         self._size = 0
 
     def prefix(self, raws: Sequence[object], state: Hashable) -> Prefix:
-        """Every message of the previous request, parsed, when ``raws`` starts with all of them
-        unchanged; else none (``state`` unchanged). Call before :meth:`message`."""
+        """The previous request's parse of the longest run of its messages that ``raws`` starts
+        with, unchanged, and the parse state after them (``state`` when there are none). Call
+        before :meth:`message`."""
         before = self._before
-        if self._memo is None or not before.parsed or len(raws) < len(before.parsed):
+        if self._memo is None or not before.parsed:
             return Prefix(0, (), state)
         whole = marshal.dumps(cast(Any, list(raws)), _VERSION)  # decoded JSON: marshallable
-        if not whole.startswith(before.elements, _LIST_HEADER):
+        count = _common_run(before, whole, len(raws))
+        if count == 0:
             return Prefix(0, (), state)
-        self._now = list(before.parsed)
-        self._pieces = [before.elements]
-        self._size = len(before.elements)
-        self._memo.reused += len(before.parsed)
-        messages = tuple(m for parsed in before.parsed for m in parsed.messages)
-        return Prefix(len(before.parsed), messages, before.state_after)
+        kept = before.parsed[:count]
+        end = kept[-1].end
+        self._now = list(kept)
+        self._pieces = [before.elements if end == len(before.elements) else before.elements[:end]]
+        self._size = end
+        self._memo.reused += count
+        messages = tuple(m for parsed in kept for m in parsed.messages)
+        after = before.state_after if count == len(before.parsed) else before.parsed[count].state
+        return Prefix(count, messages, after)
 
     def message(
         self,
