@@ -31,6 +31,10 @@ the same load. CPU per turn is each server process's CPU over a window around th
 thread; less the control thread that answers the bench), opened before the request and closed
 ``SETTLE_S`` after its last byte.
 
+Before the sessions, ``--first-turns`` new sessions' first turns (system prompt, tools, one user
+message; the adapter renders the whole prompt), alternated the same way: what each episode of a
+batch that starts together costs first, and so how long such a burst keeps the cores busy.
+
 The verdicts printed at the end read the adapter's targets against the floor: CPU per turn
 beyond tokenizing <= 1 ms (the relay's own, without tokenizing, is what no adapter on this stack
 goes under), >= 500 turns/s per process on one core with a 4 KB result (1000 / the relay's CPU
@@ -242,6 +246,7 @@ class Relay(Adapter):
 class Point:
     tool_kb: int
     context: int
+    """Prompt tokens to measure at; 0: a new session's first turn."""
     tokens: list[int] = field(default_factory=list)
     adapter_ms: list[float] = field(default_factory=list)
     relay_ms: list[float] = field(default_factory=list)
@@ -282,6 +287,38 @@ async def measure(session: Session, adapter: Lane, relay: Lane, point: Point, tu
                 point.relay_tokenize_ms.append(tokenize)
 
 
+async def first_turns(
+    session: Session, adapter: Lane, relay: Lane, point: Point, turns: int
+) -> None:
+    """A new session's first turn (system prompt, tools, one user message), ``turns`` times on
+    each side, alternated: what each of a batch of episodes starting together costs first (the
+    adapter renders the whole prompt)."""
+    for index in range(turns + 1):  # the first pair warms up, and gives the relay its ids
+        task = {"role": "user", "content": f"Task {index}: the tests fail. Find why, fix it."}
+        body = session.body([task])
+        opened = await asyncio.to_thread(adapter.adapter.ask, cmd="open", name=f"first-{index}")
+        fresh = Lane(adapter.name, adapter.adapter, adapter.url, opened["token"], [task])
+        for lane in (fresh, relay) if index % 2 == 0 else (relay, fresh):
+            if lane is relay and not index:
+                await asyncio.to_thread(relay.adapter.ask, cmd="ids", ids=list(fresh.last_ids))
+            await asyncio.to_thread(lane.adapter.ask, cmd="begin", hooks=False)
+            _, _, tokens = await session.send(lane, body)
+            await asyncio.sleep(SETTLE_S)
+            window = await asyncio.to_thread(lane.adapter.ask, cmd="end")
+            if not index:
+                continue
+            if lane is relay:
+                point.relay_ms.append(float(window["process"]) / 1e6)
+                point.relay_tokenize_ms.append(float(window["tokenize"]) / 1e6)
+            else:
+                point.adapter_ms.append(float(window["process"]) / 1e6)
+                point.tokens.append(tokens)
+
+
+def label(p: Point) -> str:
+    return f"{p.context // 1000}k ctx, {p.tool_kb} KB" if p.context else "first turn"
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -302,7 +339,7 @@ def table(points: Sequence[Point]) -> tuple[Table, str]:
         adapter, relay, tok = median(p.adapter_ms), median(p.relay_ms), median(p.relay_tokenize_ms)
         rows.append(
             [
-                f"{p.context // 1000}k ctx, {p.tool_kb} KB ({median(p.tokens):,.0f} tokens)",
+                f"{label(p)} ({median(p.tokens):,.0f} tokens)",
                 f"{adapter:.2f}",
                 f"{relay:.2f}",
                 f"{tok:.2f}",
@@ -353,6 +390,13 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
             )
             timeout = aiohttp.ClientTimeout(total=600)
             async with aiohttp.ClientSession(timeout=timeout) as http:
+                if args.first_turns:
+                    relay = Lane("relay", relay_process, relay_info["url"], "relay", [])
+                    point = Point(0, 0)
+                    base = Session(http, [], double, 0, lines, 0)
+                    adapter = Lane("adapter", adapter_process, adapter_info["url"], "", [])
+                    await first_turns(base, adapter, relay, point, args.first_turns)
+                    points.append(point)
                 for seed, kb in enumerate(args.tool_kb):
                     answer = await asyncio.to_thread(
                         adapter_process.ask, cmd="open", name=f"floor-{kb}"
@@ -364,7 +408,8 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
                     relay = Lane("relay", relay_process, relay_info["url"], "relay", [])
                     session = Session(http, [adapter], double, kb * 1024, lines, seed)
                     await session.grow()
-                    await asyncio.to_thread(adapter_process.ask, cmd="resolve")
+                    if not seed:  # route observed once: a second wrap would count each twice
+                        await asyncio.to_thread(adapter_process.ask, cmd="resolve")
                     for context in args.contexts:
                         while session.context + session.step / 2 < context:
                             await session.grow()
@@ -387,9 +432,11 @@ async def bench(args: argparse.Namespace, console: Console) -> int:
     for problem in problems:
         console.print(f"[red]adapter turn not measured as a bridged continuation:[/] {problem}")
     for p in points:
+        if not p.context:
+            continue
         floor = median(p.relay_ms) - median(p.relay_tokenize_ms)
         console.print(
-            f"{p.context // 1000}k, {p.tool_kb} KB: no adapter on this stack goes under "
+            f"{label(p)}: no adapter on this stack goes under "
             f"{floor:.2f} ms per turn beyond tokenizing (target 1 ms: "
             f"{'reachable' if floor <= 1 else 'NOT reachable'}), nor over "
             f"{1000 / median(p.relay_ms):.0f} turns/s of one core (target 500: "
@@ -407,6 +454,9 @@ def main() -> int:
     parser.add_argument("--contexts", type=int, nargs="+", default=[8000, 128000])
     parser.add_argument("--tool-kb", type=int, nargs="+", default=[4])
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument(
+        "--first-turns", type=int, default=20, help="new sessions' first turns to measure (0: none)"
+    )
     parser.add_argument("--cache-dir", type=Path, default=TOKENIZER_CACHE)
     args = parser.parse_args()
     return asyncio.run(bench(args, Console()))
