@@ -64,7 +64,6 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 from turn_profile import (
-    CONTEXT_TOKENS,
     SETTLE_S,
     TURN_REPLY,
     Adapter,
@@ -72,6 +71,7 @@ from turn_profile import (
     Session,
     measured_turn,
     source_lines,
+    turn_double,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -360,18 +360,7 @@ def table(points: Sequence[Point]) -> tuple[Table, str]:
 
 
 async def bench(args: argparse.Namespace, console: Console) -> int:
-    from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary
-    from protocol_adapters.testing import EngineDouble
-    from protocol_adapters.testing.stack import VocabularyTokenizer
-
-    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(args.cache_dir))
-    double = EngineDouble(
-        VocabularyTokenizer(vocabulary),
-        lambda _ids: TURN_REPLY,
-        incremental_streaming=True,
-        tokens_per_chunk=1,
-        context_length=CONTEXT_TOKENS,
-    )
+    double = turn_double(args.cache_dir)
     lines = source_lines()
     points: list[Point] = []
     async with double:

@@ -1952,19 +1952,25 @@ def report_hooks(console: Console, name: str, resolved: dict[str, Any]) -> None:
         console.print(f"  names not in this adapter: {', '.join(absent)}", highlight=False)
 
 
-async def bench(args: argparse.Namespace, console: Console) -> int:
+def turn_double(cache_dir: Path) -> Any:
+    """The SGLang-wire engine double of every measured turn: it answers at once with
+    ``TURN_REPLY``, one token per streamed chunk (SGLang's default stream interval)."""
     from protocol_adapters import QwenTokenizerConfig, load_qwen3_vocabulary
     from protocol_adapters.testing import EngineDouble
     from protocol_adapters.testing.stack import VocabularyTokenizer
 
-    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(args.cache_dir))
-    double = EngineDouble(
+    vocabulary = load_qwen3_vocabulary(QwenTokenizerConfig(cache_dir))
+    return EngineDouble(
         VocabularyTokenizer(vocabulary),
         lambda _ids: TURN_REPLY,
         incremental_streaming=True,
         tokens_per_chunk=1,
         context_length=CONTEXT_TOKENS,
     )
+
+
+async def bench(args: argparse.Namespace, console: Console) -> int:
+    double = turn_double(args.cache_dir)
     lines = source_lines()
     reply_tokens = len(double.reply_ids(TURN_REPLY))
     console.print(
