@@ -21,8 +21,10 @@ from protocol_adapters._parsing import (
     make_reply_parser,
     new_call_id,
     resolve_backend,
+    select,
     sglang_available,
 )
+from protocol_adapters._server.ports import reply_parsers
 from protocol_adapters._tokenizer import QwenTokenizerConfig, Vocabulary, load_qwen3_vocabulary
 from protocol_adapters._types import ParsedReply, ReasoningDelta, TextDelta, ToolCallDone
 from trajectory_tree import Message, Reasoning, Text, ToolCall, ToolSpec
@@ -269,3 +271,24 @@ def test_backend_selection() -> None:
     with pytest.raises(SGLangUnavailable):
         make_reply_parser(sglang)
     assert isinstance(make_reply_parser(auto), BuiltinReplyParser)
+
+
+def test_the_server_asks_whether_sglang_is_installed_once_not_per_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The question searches every ``sys.path`` entry on disk: the factory the server calls for
+    each request's tools asks it once, when it is made; a backend that cannot be had is refused
+    then, not at the first request."""
+    asked: list[bool] = []
+
+    def counted() -> bool:
+        asked.append(True)
+        return False
+
+    monkeypatch.setattr(select, "sglang_available", counted)
+    make = reply_parsers(ParserConfig(backend=ParserBackend.AUTO))
+    parsers = [make(()) for _ in range(3)]
+    assert all(isinstance(p, BuiltinReplyParser) for p in parsers)
+    assert len(asked) == 1
+    with pytest.raises(SGLangUnavailable, match="not installed"):
+        reply_parsers(ParserConfig(backend=ParserBackend.SGLANG))
