@@ -6,7 +6,8 @@ special token it wants, and a parser must see ``<tool_call>`` exactly as the eng
 
 Thread safety: a :class:`Vocabulary` is immutable after construction and the Rust tokenizer it
 wraps is safe to share, so one instance may serve any number of worker threads (the token byte
-lengths it looks up as texts need them are written alike by any thread). Encoding goes through
+lengths it looks up as texts need them are written alike by any thread; the recent long texts'
+encodings are kept under a lock). Encoding goes through
 ``encode_batch_fast`` (``encode_batch`` where offsets are needed): both release the GIL while Rust
 tokenizes (plain ``encode`` holds it: measured, a 2k-token encode in a worker thread then stalls
 the event loop for its whole duration).
@@ -29,6 +30,7 @@ from tokenizers import Encoding, Tokenizer
 
 from .byte_level import byte_to_unicode
 from .pieces import cutter_for
+from .shared import SharedEncodings
 from .special_tokens import END_OF_TEXT, END_OF_TURN
 from .token_starts import ByteLengths, EncodingStarts, TokenStarts, byte_lengths_for
 
@@ -74,6 +76,7 @@ class Vocabulary:
         "_lengths",
         "_lengths_known",
         "_longest",
+        "_shared",
         "_stop_ids",
         "name",
         "tokenizer",
@@ -97,6 +100,7 @@ class Vocabulary:
         self._longest = 0  # bytes of input the longest token can stand for; found on first use
         self._lengths: ByteLengths | None = None  # found on first use, if sound
         self._lengths_known = False
+        self._shared: SharedEncodings[TokenStarts] = SharedEncodings()
 
     @classmethod
     def from_file(cls, path: Path, name: str | None = None) -> Vocabulary:
@@ -127,7 +131,19 @@ class Vocabulary:
     ) -> tuple[list[int], TokenStarts]:
         """Ids and where each id's token begins in ``text`` (see :meth:`encode`): from the
         tokens' byte lengths where the vocabulary and the piece allow it (token_starts.py),
-        else, or when the lengths do not tile the piece, from the piece's offsets."""
+        else, or when the lengths do not tile the piece, from the piece's offsets. A long text
+        that other callers ask for too (the same first request of many episodes) is encoded
+        once (shared.py)."""
+        if not self._shared.shares(text):
+            return self._encode_with_starts(text, max_tokens)
+        ids, starts = self._shared.encoded(text, lambda: self._encode_with_starts(text, max_tokens))
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TooManyTokens(len(ids))
+        return ids, starts
+
+    def _encode_with_starts(
+        self, text: str, max_tokens: int | None
+    ) -> tuple[list[int], TokenStarts]:
         lengths = self._byte_lengths()
         ids: list[int] = []
         pieces: list[tuple[int, Sequence[int]]] = []
