@@ -112,7 +112,12 @@ async def test_a_cli_killed_mid_generation_leaves_an_aborted_turn_trained_nowher
         with explained(done):
             (rid,) = killed
             assert not done.session.closed
-            assert done.stack.double.disconnects == [rid]  # the client went away
+            # The client went away: the adapter closed the engine stream and told the engine
+            # to stop. Which of the two the engine handles first is a race (the abort travels
+            # on another connection): on a busy machine it may end the stream before it
+            # notices the drop.
+            assert done.stack.double.aborts == [rid]
+            assert done.stack.double.disconnects in ([rid], [])
             assert_interrupted_at(done, where, rid)
             assert len(done.stack.double.requests) == 2
 
