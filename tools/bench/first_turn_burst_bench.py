@@ -139,9 +139,11 @@ async def bench(args: argparse.Namespace, console: Console) -> None:
                             http, adapters[name], started[name]["url"], args.burst, payload
                         )
                         results[name].append(found)
+                        prompt_tokens = len(double.requests[0].input_ids)
                         double.requests.clear()
                         console.print(
-                            f"round {index} {name}: {found[0]:.0f} ms CPU, last answer after "
+                            f"round {index} {name}: {prompt_tokens:,} prompt tokens each, "
+                            f"{found[0]:.0f} ms CPU, last answer after "
                             f"{max(found[1]):.0f} ms (load {os.getloadavg()[0]:.1f})",
                             highlight=False,
                         )
