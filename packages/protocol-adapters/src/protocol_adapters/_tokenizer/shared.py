@@ -39,10 +39,6 @@ class SharedEncodings(Generic[S]):
         self._done: OrderedDict[str, tuple[array[int], S]] = OrderedDict()
         self._running: dict[str, Future[tuple[array[int], S]]] = {}
 
-    @staticmethod
-    def shares(text: str) -> bool:
-        return SHARED_CHARS <= len(text) <= MAX_SHARED_CHARS
-
     def encoded(self, text: str, encode: Callable[[], tuple[list[int], S]]) -> tuple[list[int], S]:
         """``encode()``'s result for ``text``: found, awaited from the caller already encoding
         it, or computed now. Each caller gets a list of its own. If the caller whose encoding

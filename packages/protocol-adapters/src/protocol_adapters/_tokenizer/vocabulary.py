@@ -30,7 +30,7 @@ from tokenizers import Encoding, Tokenizer
 
 from .byte_level import byte_to_unicode
 from .pieces import cutter_for
-from .shared import SharedEncodings
+from .shared import MAX_SHARED_CHARS, SHARED_CHARS, SharedEncodings
 from .special_tokens import END_OF_TEXT, END_OF_TURN
 from .token_starts import ByteLengths, EncodingStarts, TokenStarts, byte_lengths_for
 
@@ -134,7 +134,7 @@ class Vocabulary:
         else, or when the lengths do not tile the piece, from the piece's offsets. A long text
         that other callers ask for too (the same first request of many episodes) is encoded
         once (shared.py)."""
-        if not self._shared.shares(text):
+        if not SHARED_CHARS <= len(text) <= MAX_SHARED_CHARS:
             return self._encode_with_starts(text, max_tokens)
         ids, starts = self._shared.encoded(text, lambda: self._encode_with_starts(text, max_tokens))
         if max_tokens is not None and len(ids) > max_tokens:
