@@ -8,9 +8,10 @@ waits behind them). The first caller encodes it; callers that ask while it does 
 result, and later ones within the last :data:`RECENT` texts take it as it is. The tokenizer is a
 function of the text, so a shared result is the result.
 
-Only texts from :data:`SHARED_CHARS` to :data:`MAX_SHARED_CHARS` characters are shared: shorter
-ones cost less to encode than to look up, and longer ones (a conversation rendered whole) would
-hold megabytes for a text that seldom comes twice.
+Only texts from :data:`SHARED_CHARS` to :data:`MAX_SHARED_CHARS` characters are shared (the
+caller, ``Vocabulary.encode_with_starts``, tells them apart before it calls in here): shorter ones
+cost less to encode than to look up, and longer ones (a conversation rendered whole) would hold
+megabytes for a text that seldom comes twice.
 """
 
 from __future__ import annotations
